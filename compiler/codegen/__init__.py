@@ -1,0 +1,199 @@
+"""CPU code generation: loop IR → LLVM IR (`cpu`) → machine code, JIT-loaded or linked into a shared library.
+
+`compile_funcs` JIT-compiles kernels callable on numpy arrays; `emit_shared_library` links them (with libgomp
+and libm) into a `.so` loadable with ctypes; `llvm_ir` and `assembly` show what was generated.
+`TILEFARM_DUMP=loopir,llvm,asm` (or `all`) writes each stage of every build to `TILEFARM_DUMP_DIR` (default
+`./tilefarm_dump`). Kernels run parallel loops on `TILEFARM_NUM_THREADS` threads (read at each call; unset or
+0 = libgomp's default, all cores).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from compiler import dtypes
+from compiler.codegen.cpu import NUM_THREADS_GLOBAL, generate
+from compiler.errors import BuildError
+from compiler.loopir import Buffer, Func, print_func
+from compiler.target import Target
+
+__all__ = ["Kernel", "Kernels", "assembly", "compile_funcs", "emit_shared_library", "llvm_ir"]
+
+DUMP_STAGES = ("loopir", "llvm", "asm")
+
+
+def _init_llvm() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+@functools.cache
+def _load_gomp() -> None:
+    llvm.load_library_permanently(ctypes.util.find_library("gomp") or "libgomp.so.1")
+
+
+def _target_machine(target: Target, pic: bool) -> llvm.TargetMachine:
+    _init_llvm()
+    t = llvm.Target.from_triple(target.triple or llvm.get_process_triple())
+    if pic:
+        return t.create_target_machine(cpu=target.mcpu, features=target.features, opt=3, reloc="pic",
+                                       codemodel="default")
+    return t.create_target_machine(cpu=target.mcpu, features=target.features, opt=3, codemodel="jitdefault")
+
+
+def _optimize(text: str, tm: llvm.TargetMachine, name: str) -> llvm.ModuleRef:
+    try:
+        mod = llvm.parse_assembly(text)
+        mod.verify()
+    except RuntimeError as err:
+        raise BuildError(f"{name}: generated LLVM IR is invalid: {err}") from None
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def _dump_stages() -> set[str]:
+    stages = {s.strip() for s in os.environ.get("TILEFARM_DUMP", "").split(",") if s.strip()}
+    return set(DUMP_STAGES) if "all" in stages else stages
+
+
+def _dump(funcs: list[Func], mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+    """Write the stages named in TILEFARM_DUMP to TILEFARM_DUMP_DIR (module files carry the first kernel's name)."""
+    stages = _dump_stages()
+    if not stages:
+        return
+    out = Path(os.environ.get("TILEFARM_DUMP_DIR", "tilefarm_dump"))
+    out.mkdir(parents=True, exist_ok=True)
+    if "loopir" in stages:
+        for f in funcs:
+            (out / f"{f.name}.loopir").write_text(print_func(f))
+    if "llvm" in stages:
+        (out / f"{funcs[0].name}.ll").write_text(str(mod))
+    if "asm" in stages:
+        (out / f"{funcs[0].name}.s").write_text(tm.emit_assembly(mod))
+
+
+def _build(funcs, target: Target | None, pic: bool) -> tuple[list[Func], llvm.ModuleRef, llvm.TargetMachine]:
+    funcs = list(funcs)
+    target = target or Target.host()
+    tm = _target_machine(target, pic)
+    mod = _optimize(generate(funcs), tm, funcs[0].name if funcs else "module")
+    _dump(funcs, mod, tm)
+    return funcs, mod, tm
+
+
+class Kernel:
+    """One JIT-compiled kernel; call it with numpy arrays matching its params, in order."""
+
+    def __init__(self, func: Func, address: int, owner: Kernels):
+        self.func = func
+        self._owner = owner  # keeps the execution engine (and so the machine code) alive
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(func.params))(address)
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        params = self.func.params
+        if len(arrays) != len(params):
+            names = ", ".join(p.name for p in params)
+            raise TypeError(f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}")
+        ptrs = [_check_arg(self.func.name, p, a) for p, a in zip(params, arrays)]
+        self._owner._set_threads()
+        self._cfunc(*ptrs)
+
+    def __repr__(self):
+        return f"Kernel({self.func.name})"
+
+
+def _check_arg(kernel: str, param: Buffer, a) -> int:
+    where = f"kernel {kernel}, param {param.name}"
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{where}: expected a numpy array, got {type(a).__name__}")
+    if a.dtype != dtypes.numpy(param.dtype):
+        raise TypeError(f"{where}: expected dtype {param.dtype}, got {a.dtype}")
+    if a.shape != tuple(param.shape) and a.size != param.size:
+        raise ValueError(f"{where}: expected shape {list(param.shape)} ({param.size} elements), got {list(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{where}: the array must be C-contiguous (use np.ascontiguousarray)")
+    return a.ctypes.data
+
+
+class Kernels(Mapping[str, Kernel]):
+    """The kernels of one JIT build, by name; `compile_seconds` is how long the build took."""
+
+    def __init__(self, funcs: list[Func], engine: llvm.ExecutionEngine, compile_seconds: float):
+        self._engine = engine
+        self._threads = ctypes.c_int32.from_address(engine.get_global_value_address(NUM_THREADS_GLOBAL))
+        self._kernels = {f.name: Kernel(f, engine.get_function_address(f.name), self) for f in funcs}
+        self.compile_seconds = compile_seconds
+
+    def _set_threads(self) -> None:
+        text = os.environ.get("TILEFARM_NUM_THREADS", "").strip()
+        try:
+            self._threads.value = max(int(text), 0) if text else 0
+        except ValueError:
+            raise ValueError(f"TILEFARM_NUM_THREADS must be an integer, got {text!r}") from None
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self._kernels[name]
+
+    def __iter__(self):
+        return iter(self._kernels)
+
+    def __len__(self):
+        return len(self._kernels)
+
+
+def compile_funcs(funcs, target: Target | None = None) -> Kernels:
+    """JIT-compile loop IR functions for `target` (default: this host); returns callable kernels by name."""
+    t0 = time.perf_counter()
+    _load_gomp()
+    funcs, mod, tm = _build(funcs, target, pic=False)
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    return Kernels(funcs, engine, time.perf_counter() - t0)
+
+
+def emit_shared_library(funcs, path, target: Target | None = None) -> Path:
+    """Compile to a position-independent object and link it with libgomp and libm into a shared library."""
+    path = Path(path)
+    _, mod, tm = _build(funcs, target, pic=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        obj = Path(tmp) / "kernels.o"
+        obj.write_bytes(tm.emit_object(mod))
+        cmd = [os.environ.get("CC", "cc"), "-shared", "-o", str(path), str(obj), "-lgomp", "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as err:
+            raise BuildError(f"cannot run the linker {cmd[0]!r}: {err}") from None
+    if proc.returncode != 0:
+        raise BuildError(f"linking {path} failed ({' '.join(cmd)}):\n{proc.stderr}")
+    return path
+
+
+def llvm_ir(funcs, target: Target | None = None, optimized: bool = True) -> str:
+    """The LLVM IR module for `funcs`, after LLVM's O3 pipeline unless `optimized` is False."""
+    if not optimized:
+        return generate(list(funcs))
+    return str(_build(funcs, target, pic=False)[1])
+
+
+def assembly(funcs, target: Target | None = None) -> str:
+    """The machine code for `funcs`, as assembly text."""
+    _, mod, tm = _build(funcs, target, pic=False)
+    return tm.emit_assembly(mod)

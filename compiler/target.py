@@ -1,0 +1,115 @@
+"""What code is generated for, and the host fingerprint a tuning record's timing is valid for."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A code generation target: the CPU model LLVM tunes for and the sizes schedules are sized against."""
+
+    kind: str = "cpu"
+    triple: str = ""
+    mcpu: str = "generic"
+    features: str = ""
+    cores: int = 1
+    vector_bytes: int = 16
+    cache_line: int = 64
+    l1_bytes: int | None = None
+    l2_bytes: int | None = None
+    l3_bytes: int | None = None
+    cpu_model: str = ""
+
+    @staticmethod
+    def host() -> Target:
+        """The machine this process runs on (LLVM host CPU name and features, core count, cache sizes)."""
+        return _host()
+
+    def has(self, feature: str) -> bool:
+        """True if LLVM feature `feature` (e.g. "avx512f") is enabled."""
+        return f"+{feature}" in self.features.split(",")
+
+    def fingerprint(self) -> str:
+        """Stable short hash of what a timing depends on: CPU model, LLVM cpu name and features, core count."""
+        key = "|".join((self.kind, self.cpu_model, self.mcpu, self.features, str(self.cores)))
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def __str__(self):
+        return f"{self.kind}:{self.mcpu}x{self.cores}"
+
+
+@functools.cache
+def _host() -> Target:
+    import llvmlite.binding as llvm  # imported here so `Target` stays usable where llvmlite is absent
+
+    llvm.initialize_native_target()
+    features = _sorted_features(llvm.get_host_cpu_features().flatten())
+    caches = _cache_sizes()
+    return Target(
+        kind="cpu",
+        triple=llvm.get_process_triple(),
+        mcpu=llvm.get_host_cpu_name(),
+        features=features,
+        cores=os.cpu_count() or 1,
+        vector_bytes=_vector_bytes(features),
+        cache_line=caches.get("line", 64),
+        l1_bytes=caches.get(1),
+        l2_bytes=caches.get(2),
+        l3_bytes=caches.get(3),
+        cpu_model=_cpu_model(),
+    )
+
+
+def _sorted_features(flat: str) -> str:
+    # sorted so the fingerprint does not depend on the order LLVM happens to list them in
+    return ",".join(sorted(f for f in flat.split(",") if f))
+
+
+def _vector_bytes(features: str) -> int:
+    enabled = set(features.split(","))
+    if "+avx512f" in enabled:
+        return 64
+    if "+avx" in enabled:
+        return 32
+    return 16
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return m.group(1).strip() if m else ""
+
+
+def _cache_sizes() -> dict:
+    """Data/unified cache size per level and the line size, from sysfs; missing entries are left out."""
+    out: dict = {}
+    for d in sorted(_CACHE_DIR.glob("index*")):
+        try:
+            kind = (d / "type").read_text().strip()
+            level = int((d / "level").read_text())
+            size = _parse_size((d / "size").read_text().strip())
+            line = int((d / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction":
+            out[level] = size
+            out["line"] = line
+    return out
+
+
+def _parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
