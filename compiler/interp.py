@@ -16,13 +16,38 @@ from compiler import dtypes, te
 from compiler.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
 from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
-BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "_div({}, {})",
-          "floordiv": "_floordiv({}, {})", "mod": "_mod({}, {})", "min": "min({}, {})", "max": "max({}, {})",
-          "pow": "_pow({}, {})", "lt": "({} < {})", "le": "({} <= {})", "eq": "({} == {})", "ne": "({} != {})",
-          "gt": "({} > {})", "ge": "({} >= {})", "and": "({} and {})", "or": "({} or {})"}
-UNARY = {"exp": "_exp({})", "log": "_log({})", "sqrt": "_sqrt({})", "rsqrt": "(1.0 / _sqrt({}))",
-         "tanh": "math.tanh({})", "erf": "math.erf({})", "sigmoid": "_sigmoid({})", "floor": "float(math.floor({}))",
-         "abs": "abs({})", "neg": "(-{})", "not": "(not {})"}
+BINARY = {
+    "add": "({} + {})",
+    "sub": "({} - {})",
+    "mul": "({} * {})",
+    "div": "_div({}, {})",
+    "floordiv": "_floordiv({}, {})",
+    "mod": "_mod({}, {})",
+    "min": "min({}, {})",
+    "max": "max({}, {})",
+    "pow": "_pow({}, {})",
+    "lt": "({} < {})",
+    "le": "({} <= {})",
+    "eq": "({} == {})",
+    "ne": "({} != {})",
+    "gt": "({} > {})",
+    "ge": "({} >= {})",
+    "and": "({} and {})",
+    "or": "({} or {})",
+}
+UNARY = {
+    "exp": "_exp({})",
+    "log": "_log({})",
+    "sqrt": "_sqrt({})",
+    "rsqrt": "(1.0 / _sqrt({}))",
+    "tanh": "math.tanh({})",
+    "erf": "math.erf({})",
+    "sigmoid": "_sigmoid({})",
+    "floor": "float(math.floor({}))",
+    "abs": "abs({})",
+    "neg": "(-{})",
+    "not": "(not {})",
+}
 
 
 def _div(a, b):
@@ -78,7 +103,8 @@ def _to(dtype: str):
 
 def _expr(e: Expr) -> str:
     if isinstance(e, Const):
-        return repr(float(e.value) if dtypes.is_float(e.dtype) else e.value)
+        v = float(e.value) if dtypes.is_float(e.dtype) else e.value
+        return f"float('{v}')" if isinstance(v, float) and not math.isfinite(v) else repr(v)
     if isinstance(e, Var):
         return _name(e.name)
     if isinstance(e, Binary):
@@ -141,8 +167,17 @@ def run(f: Func, *arrays: np.ndarray) -> None:
     """Execute `f` on numpy arrays (in the order of f.params), writing results into them in place."""
     if len(arrays) != len(f.params):
         raise ValueError(f"{f.name} takes {len(f.params)} buffers, got {len(arrays)}")
-    env: dict = {"math": math, "_div": _div, "_floordiv": _floordiv, "_mod": _mod, "_exp": _exp, "_log": _log,
-                 "_sqrt": _sqrt, "_sigmoid": _sigmoid, "_pow": _pow}
+    env: dict = {
+        "math": math,
+        "_div": _div,
+        "_floordiv": _floordiv,
+        "_mod": _mod,
+        "_exp": _exp,
+        "_log": _log,
+        "_sqrt": _sqrt,
+        "_sigmoid": _sigmoid,
+        "_pow": _pow,
+    }
     env.update({f"_cast_{d}": _to(d) for d in dtypes.DTYPES})
     exec(compile(to_python(f), f"<loopir {f.name}>", "exec"), env)
     lists = []

@@ -41,8 +41,9 @@ class _Lowering:
         self.ranges: Ranges = {}
         self.used_names: set[str] = set()
         self.loop_names: dict[tuple[str, str], str] = {}
-        self.values = {s.name: self._resolve(s.op.body) for s in state.stages if s.op.body is not None
-                       and s.compute_at != "inline"}
+        self.values = {
+            s.name: self._resolve(s.op.body) for s in state.stages if s.op.body is not None and s.compute_at != "inline"
+        }
 
     # ------------------------------------------------------------------------------------------ inlining
 
@@ -58,8 +59,11 @@ class _Lowering:
         return te.rewrite(e, visit)
 
     def readers(self, name: str) -> list[Stage]:
-        return [s for s in self.state.stages if s.name in self.values and
-                any(ld.buffer == name for ld in te.loads(self.values[s.name]))]
+        return [
+            s
+            for s in self.state.stages
+            if s.name in self.values and any(ld.buffer == name for ld in te.loads(self.values[s.name]))
+        ]
 
     # ------------------------------------------------------------------------------------------ bounds
 
@@ -102,7 +106,9 @@ class _Lowering:
         if local:  # the box may stick out of the tensor: guard the points outside
             for a, n in zip(s.op.axes, shape):
                 preds.append(((axis_exprs[a.name] >= 0) & (axis_exprs[a.name] < n), "spatial"))
-        self.info[s.name] = _Info(region, loops, names, [leaf.kind for leaf in d.leaves], axis_exprs, preds, enclosing, local)
+        self.info[s.name] = _Info(
+            region, loops, names, [leaf.kind for leaf in d.leaves], axis_exprs, preds, enclosing, local
+        )
 
     def _region(self, s: Stage, enclosing: list[tuple[Var, int]], target: str, pos: int) -> list[tuple[Expr, int]]:
         fixed = {v.name for v, _ in enclosing}
@@ -288,8 +294,11 @@ def _simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
     if isinstance(s, IfThenElse):
         cond = simplify(s.cond, ranges)
         if isinstance(cond, Const):
-            return _simplify_stmt(s.then, ranges) if cond.value else (
-                _simplify_stmt(s.orelse, ranges) if s.orelse else Seq(()))
+            return (
+                _simplify_stmt(s.then, ranges)
+                if cond.value
+                else (_simplify_stmt(s.orelse, ranges) if s.orelse else Seq(()))
+            )
         return IfThenElse(cond, _simplify_stmt(s.then, ranges), s.orelse and _simplify_stmt(s.orelse, ranges))
     if isinstance(s, Store):
         return Store(s.buffer, simplify(s.index, ranges), simplify(s.value, ranges))

@@ -126,9 +126,18 @@ def _fold(op: str, a, b):
     if op == "mod":
         return a % b if b else None
     return {
-        "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "min": lambda: min(a, b),
-        "max": lambda: max(a, b), "lt": lambda: a < b, "le": lambda: a <= b, "eq": lambda: a == b,
-        "ne": lambda: a != b, "gt": lambda: a > b, "ge": lambda: a >= b, "and": lambda: bool(a and b),
+        "add": lambda: a + b,
+        "sub": lambda: a - b,
+        "mul": lambda: a * b,
+        "min": lambda: min(a, b),
+        "max": lambda: max(a, b),
+        "lt": lambda: a < b,
+        "le": lambda: a <= b,
+        "eq": lambda: a == b,
+        "ne": lambda: a != b,
+        "gt": lambda: a > b,
+        "ge": lambda: a >= b,
+        "and": lambda: bool(a and b),
         "or": lambda: bool(a or b),
     }.get(op, lambda: None)()
 
@@ -188,8 +197,12 @@ def _rule_compare(e: Expr, ranges: Ranges) -> Expr | None:
         return None
     lo, hi = bound(simplify(e.a - e.b, ranges), ranges)
     verdict = {
-        "lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0), "gt": (lo > 0, hi <= 0), "ge": (lo >= 0, hi < 0),
-        "eq": (lo == hi == 0, lo > 0 or hi < 0), "ne": (lo > 0 or hi < 0, lo == hi == 0),
+        "lt": (hi < 0, lo >= 0),
+        "le": (hi <= 0, lo > 0),
+        "gt": (lo > 0, hi <= 0),
+        "ge": (lo >= 0, hi < 0),
+        "eq": (lo == hi == 0, lo > 0 or hi < 0),
+        "ne": (lo > 0 or hi < 0, lo == hi == 0),
     }[e.op]
     if verdict[0]:
         return Const(True, "bool")
@@ -225,7 +238,12 @@ def _rule_minmax(e: Expr, ranges: Ranges) -> Expr | None:
 
 
 RULES: list[Callable[[Expr, Ranges], Expr | None]] = [
-    _rule_fold_consts, _rule_linear, _rule_divmod, _rule_compare, _rule_logic, _rule_minmax,
+    _rule_fold_consts,
+    _rule_linear,
+    _rule_divmod,
+    _rule_compare,
+    _rule_logic,
+    _rule_minmax,
 ]
 
 

@@ -100,9 +100,9 @@ def derive(stage: Stage, extents: dict[str, int] | None = None) -> Derived:
                 preds.append((expr < it.extent, root_kind))
             cur[pos : pos + 1] = new
         elif rel[0] == "fuse":
-            names = rel[1]
-            pos = [c.name for c in cur].index(names[0])
-            group = cur[pos : pos + len(names)]
+            names = rel[1]  # consecutive in the loop order of the time, which reorders may since have changed
+            group = [next(c for c in cur if c.name == n) for n in names]
+            pos = cur.index(group[0])
             fused = Iter("@".join(names), math.prod(g.extent for g in group), group[0].kind)
             f, mapping, inner = Var(fused.name), {}, 1
             for g in reversed(group):
@@ -110,7 +110,8 @@ def derive(stage: Stage, extents: dict[str, int] | None = None) -> Derived:
                 mapping[g.name] = e if g is group[0] else e % g.extent
                 inner *= g.extent
             subst(mapping)
-            cur[pos : pos + len(names)] = [fused]
+            cur = [c for c in cur if c.name not in names]
+            cur.insert(min(pos, len(cur)), fused)
     order = {it.name: i for i, it in enumerate(stage.iters)}
     ann = {it.name: it.annotation for it in stage.iters}
     leaves = tuple(replace(c, annotation=ann.get(c.name, "none")) for c in sorted(cur, key=lambda c: order[c.name]))
@@ -174,15 +175,29 @@ def initial_state(dag: ComputeDAG) -> State:
 def apply_steps(dag: ComputeDAG, steps: Iterable[Step], state: State | None = None) -> State:
     """Replay `steps` from the initial state (or `state`); raises IllegalStep naming the failing step."""
     state = state or initial_state(dag)
-    for i, step in enumerate(steps):
+    for step in steps:
         try:
             state = step.apply(state)
         except IllegalStep as e:
             raise IllegalStep(len(state.steps), step, e.why) from None
         except (IndexError, KeyError) as e:
-            raise IllegalStep(len(state.steps), step, f"refers to a stage or iterator that does not exist ({e})") from None
+            raise IllegalStep(
+                len(state.steps), step, f"refers to a stage or iterator that does not exist ({e})"
+            ) from None
+        _check_attachments(state, step, len(state.steps))
         state = replace(state, steps=state.steps + (step,))
     return state
+
+
+def _check_attachments(state: State, step: Step, index: int) -> None:
+    names = {s.name: s for s in state.stages}
+    for s in state.stages:
+        if s.compute_at == "iter":
+            target, it = s.attach
+            if target not in names or all(i.name != it for i in names[target].iters):
+                raise IllegalStep(
+                    index, step, f"it would leave {s.name} computed at loop {target}.{it}, which no longer exists"
+                )
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -444,7 +459,9 @@ class CacheRead(Step):
         for i, r in zip(self.reader_stage_ids, readers):
             body = te.rewrite(
                 r.op.body,
-                lambda n: Load(cache.name, n.indices, n.dtype) if isinstance(n, Load) and n.buffer == src.name else None,
+                lambda n: (
+                    Load(cache.name, n.indices, n.dtype) if isinstance(n, Load) and n.buffer == src.name else None
+                ),
             )
             state = state.with_stage(i, replace(r, op=replace(r.op, body=body)))
         return _insert(state, self.stage_id + 1, Stage(cache, root_iters(cache)))
@@ -467,8 +484,9 @@ class Rfactor(Step):
         if it.kind != "reduce":
             raise self.fail(f"{it.name} is not a reduction iterator")
         spatial = {a.name for a in op.axes}
-        if any(rel[0] == "split" and rel[1] in spatial or rel[0] == "fuse" and rel[1][0] in spatial
-               for rel in s.relations):
+        if any(
+            rel[0] == "split" and rel[1] in spatial or rel[0] == "fuse" and rel[1][0] in spatial for rel in s.relations
+        ):
             raise self.fail(f"rfactor must come before the spatial iterators of {s.name} are split or fused")
         if not 0 <= self.factor_iter_id <= len(op.axes):
             raise self.fail(f"factor_iter_id must be in [0, {len(op.axes)}]")
@@ -486,8 +504,13 @@ class Rfactor(Step):
             value = te.Select(cond, value, identity(red.op, value.dtype))
         rf_axes = op.axes[: self.factor_iter_id] + (factor,) + op.axes[self.factor_iter_id :]
         rf_body = Reduce(red.op, value, others) if others else value
-        rf = Op(f"{op.name}.rf", op.shape[: self.factor_iter_id] + (it.extent,) + op.shape[self.factor_iter_id :],
-                op.dtype, rf_axes, rf_body)
+        rf = Op(
+            f"{op.name}.rf",
+            op.shape[: self.factor_iter_id] + (it.extent,) + op.shape[self.factor_iter_id :],
+            op.dtype,
+            rf_axes,
+            rf_body,
+        )
         idx = tuple(Var(a.name, a.extent) for a in rf_axes)
         new = replace(op, body=Reduce(red.op, Load(rf.name, idx, op.dtype), (factor,)))
         state = state.with_stage(self.stage_id, replace(s, op=new, iters=root_iters(new), relations=()))
@@ -502,8 +525,19 @@ def identity(op: str, dtype: str) -> te.Const:
 
 STEPS: dict[str, type[Step]] = {
     cls.tag: cls
-    for cls in (Split, Fuse, Reorder, Annotate, Pragma, ComputeAt, ComputeInline, ComputeRoot, CacheWrite, CacheRead,
-                Rfactor)
+    for cls in (
+        Split,
+        Fuse,
+        Reorder,
+        Annotate,
+        Pragma,
+        ComputeAt,
+        ComputeInline,
+        ComputeRoot,
+        CacheWrite,
+        CacheRead,
+        Rfactor,
+    )
 }
 
 

@@ -22,8 +22,22 @@ COMPARE = ("lt", "le", "eq", "ne", "gt", "ge")
 LOGIC = ("and", "or")
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "neg", "not")
 REDUCERS = ("sum", "max", "min")
-SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "lt": "<", "le": "<=",
-           "eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "and": "&&", "or": "||"}
+SYMBOLS = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "floordiv": "//",
+    "mod": "%",
+    "lt": "<",
+    "le": "<=",
+    "eq": "==",
+    "ne": "!=",
+    "gt": ">",
+    "ge": ">=",
+    "and": "&&",
+    "or": "||",
+}
 
 
 class Expr:
@@ -32,27 +46,69 @@ class Expr:
     __slots__ = ()
     dtype: str
 
-    def __add__(self, o): return Binary("add", self, wrap(o, self))
-    def __radd__(self, o): return Binary("add", wrap(o, self), self)
-    def __sub__(self, o): return Binary("sub", self, wrap(o, self))
-    def __rsub__(self, o): return Binary("sub", wrap(o, self), self)
-    def __mul__(self, o): return Binary("mul", self, wrap(o, self))
-    def __rmul__(self, o): return Binary("mul", wrap(o, self), self)
-    def __truediv__(self, o): return div(self, o)
-    def __rtruediv__(self, o): return div(wrap(o, self), self)
-    def __floordiv__(self, o): return Binary("floordiv", self, wrap(o, self))
-    def __rfloordiv__(self, o): return Binary("floordiv", wrap(o, self), self)
-    def __mod__(self, o): return Binary("mod", self, wrap(o, self))
-    def __rmod__(self, o): return Binary("mod", wrap(o, self), self)
-    def __pow__(self, o): return Binary("pow", self, wrap(o, self))
-    def __neg__(self): return Unary("neg", self)
-    def __lt__(self, o): return Binary("lt", self, wrap(o, self))
-    def __le__(self, o): return Binary("le", self, wrap(o, self))
-    def __gt__(self, o): return Binary("gt", self, wrap(o, self))
-    def __ge__(self, o): return Binary("ge", self, wrap(o, self))
-    def __and__(self, o): return Binary("and", self, wrap(o, self))
-    def __or__(self, o): return Binary("or", self, wrap(o, self))
-    def __invert__(self): return Unary("not", self)
+    def __add__(self, o):
+        return Binary("add", self, wrap(o, self))
+
+    def __radd__(self, o):
+        return Binary("add", wrap(o, self), self)
+
+    def __sub__(self, o):
+        return Binary("sub", self, wrap(o, self))
+
+    def __rsub__(self, o):
+        return Binary("sub", wrap(o, self), self)
+
+    def __mul__(self, o):
+        return Binary("mul", self, wrap(o, self))
+
+    def __rmul__(self, o):
+        return Binary("mul", wrap(o, self), self)
+
+    def __truediv__(self, o):
+        return div(self, o)
+
+    def __rtruediv__(self, o):
+        return div(wrap(o, self), self)
+
+    def __floordiv__(self, o):
+        return Binary("floordiv", self, wrap(o, self))
+
+    def __rfloordiv__(self, o):
+        return Binary("floordiv", wrap(o, self), self)
+
+    def __mod__(self, o):
+        return Binary("mod", self, wrap(o, self))
+
+    def __rmod__(self, o):
+        return Binary("mod", wrap(o, self), self)
+
+    def __pow__(self, o):
+        return Binary("pow", self, wrap(o, self))
+
+    def __neg__(self):
+        return Unary("neg", self)
+
+    def __lt__(self, o):
+        return Binary("lt", self, wrap(o, self))
+
+    def __le__(self, o):
+        return Binary("le", self, wrap(o, self))
+
+    def __gt__(self, o):
+        return Binary("gt", self, wrap(o, self))
+
+    def __ge__(self, o):
+        return Binary("ge", self, wrap(o, self))
+
+    def __and__(self, o):
+        return Binary("and", self, wrap(o, self))
+
+    def __or__(self, o):
+        return Binary("or", self, wrap(o, self))
+
+    def __invert__(self):
+        return Unary("not", self)
+
     def __bool__(self):
         raise InvalidExpr(f"the truth value of expression {self} is unknown at definition time; use te.select")
 
