@@ -138,8 +138,10 @@ class _Lowering:
             if r.compute_at != "iter":
                 break
             t_name, it = r.attach
-            if t_name == target and self.info[target].leaf_names.index(it) >= pos:
-                return
+            if t_name == target:
+                if self.info[target].leaf_names.index(it) >= pos:
+                    return
+                break
             r = self.stages[t_name]
         raise LoweringError(
             f"{s.name} is computed inside {target}'s loop {self.info[target].leaf_names[pos]}, but its consumer "
