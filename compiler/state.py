@@ -367,8 +367,11 @@ class ComputeAt(Step):
         it = target.iters[self.target_iter_id]
         if state.dag.is_output(s.name):
             raise self.fail(f"{s.name} is an output of the DAG; outputs are computed at root")
-        if target.name not in state.consumers(s.name):
-            raise self.fail(f"{target.name} does not read {s.name}; a stage can only be computed at a consumer")
+        if not _encloses_consumer(state, target.name, s.name):
+            raise self.fail(
+                f"neither {target.name} nor a stage computed inside it reads {s.name}; a stage can only be computed "
+                "at a loop that encloses a consumer"
+            )
         if target.compute_at == "inline":
             raise self.fail(f"{target.name} is inlined; it has no loops")
         t: Stage | None = target
@@ -377,6 +380,16 @@ class ComputeAt(Step):
                 raise self.fail(f"{target.name} is itself computed inside {s.name}")
             t = state.stage(t.attach[0])
         return state.with_stage(self.stage_id, replace(s, compute_at="iter", attach=(target.name, it.name)))
+
+
+def _encloses_consumer(state: State, target: str, name: str) -> bool:
+    for c in state.consumers(name):
+        stage: Stage | None = state.stage(c)
+        while stage is not None:
+            if stage.name == target:
+                return True
+            stage = state.stage(stage.attach[0]) if stage.compute_at == "iter" else None
+    return False
 
 
 @dataclass(frozen=True)
