@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from compiler import interp
+from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.errors import LoweringError
 from compiler.loopir import Allocate, For, IfThenElse, Seq
@@ -55,7 +57,7 @@ def store_count(s) -> int:
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=__import__("hypothesis").strategies.data())
+@given(data=st.data())
 def test_random_schedule_interpreter(name, data):
     steps = data.draw(legal_steps(DAGS[name]))
     func = lower_or_skip(name, steps)
@@ -64,3 +66,15 @@ def test_random_schedule_interpreter(name, data):
         np.testing.assert_allclose(
             got, want, rtol=case.rtol, atol=case.atol, err_msg=str(apply_steps(DAGS[name], steps))
         )
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_schedule_jit(name, data):
+    steps = data.draw(legal_steps(DAGS[name]))
+    func = lower_or_skip(name, steps)
+    kernel = compile_funcs([func])[func.name]
+    case = KERNELS[name]
+    for got, want in zip(outputs_of(name, kernel), REFS[name]):
+        np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol, err_msg=str(func))
