@@ -39,8 +39,20 @@ def _init_llvm() -> None:
 
 
 @functools.cache
-def _load_gomp() -> None:
+def _load_runtime() -> None:
     llvm.load_library_permanently(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    if _libmvec():
+        llvm.load_library_permanently(_libmvec())
+
+
+@functools.cache
+def _libmvec() -> str | None:
+    """glibc's vector math library, if this system has one recent enough to hold tanh and erf (glibc 2.35)."""
+    name = ctypes.util.find_library("mvec")
+    try:
+        return name if name and hasattr(ctypes.CDLL(name), "_ZGVbN4v_erff") else None
+    except OSError:
+        return None
 
 
 def _target_machine(target: Target, pic: bool) -> llvm.TargetMachine:
@@ -94,7 +106,8 @@ def _build(funcs, target: Target | None, pic: bool) -> tuple[list[Func], llvm.Mo
     funcs = list(funcs)
     target = target or Target.host()
     tm = _target_machine(target, pic)
-    mod = _optimize(generate(funcs), tm, funcs[0].name if funcs else "module")
+    text = generate(funcs, target.vector_bytes if _libmvec() else 0)
+    mod = _optimize(text, tm, funcs[0].name if funcs else "module")
     _dump(funcs, mod, tm)
     return funcs, mod, tm
 
@@ -106,13 +119,19 @@ class Kernel:
         self.func = func
         self._owner = owner  # keeps the execution engine (and so the machine code) alive
         self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(func.params))(address)
+        self._expect = [(p, dtypes.numpy(p.dtype), tuple(p.shape)) for p in func.params]
 
     def __call__(self, *arrays: np.ndarray) -> None:
-        params = self.func.params
-        if len(arrays) != len(params):
-            names = ", ".join(p.name for p in params)
-            raise TypeError(f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}")
-        ptrs = [_check_arg(self.func.name, p, a) for p, a in zip(params, arrays)]
+        if len(arrays) != len(self._expect):
+            names = ", ".join(p.name for p in self.func.params)
+            raise TypeError(f"kernel {self.func.name} takes {len(self._expect)} arrays ({names}), got {len(arrays)}")
+        ptrs = []
+        for (param, dtype, shape), a in zip(self._expect, arrays):
+            # the fast path is one check per property; _bad_arg explains whichever failed
+            if not (isinstance(a, np.ndarray) and a.dtype == dtype and (a.shape == shape or a.size == param.size)
+                    and a.flags.c_contiguous):
+                raise _bad_arg(self.func.name, param, a)
+            ptrs.append(a.__array_interface__["data"][0])
         self._owner._set_threads()
         self._cfunc(*ptrs)
 
@@ -120,17 +139,15 @@ class Kernel:
         return f"Kernel({self.func.name})"
 
 
-def _check_arg(kernel: str, param: Buffer, a) -> int:
+def _bad_arg(kernel: str, param: Buffer, a) -> Exception:
     where = f"kernel {kernel}, param {param.name}"
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{where}: expected a numpy array, got {type(a).__name__}")
+        return TypeError(f"{where}: expected a numpy array, got {type(a).__name__}")
     if a.dtype != dtypes.numpy(param.dtype):
-        raise TypeError(f"{where}: expected dtype {param.dtype}, got {a.dtype}")
-    if a.shape != tuple(param.shape) and a.size != param.size:
-        raise ValueError(f"{where}: expected shape {list(param.shape)} ({param.size} elements), got {list(a.shape)}")
+        return TypeError(f"{where}: expected dtype {param.dtype}, got {a.dtype}")
     if not a.flags.c_contiguous:
-        raise ValueError(f"{where}: the array must be C-contiguous (use np.ascontiguousarray)")
-    return a.ctypes.data
+        return ValueError(f"{where}: the array must be C-contiguous (use np.ascontiguousarray)")
+    return ValueError(f"{where}: expected shape {list(param.shape)} ({param.size} elements), got {list(a.shape)}")
 
 
 class Kernels(Mapping[str, Kernel]):
@@ -162,7 +179,7 @@ class Kernels(Mapping[str, Kernel]):
 def compile_funcs(funcs, target: Target | None = None) -> Kernels:
     """JIT-compile loop IR functions for `target` (default: this host); returns callable kernels by name."""
     t0 = time.perf_counter()
-    _load_gomp()
+    _load_runtime()
     funcs, mod, tm = _build(funcs, target, pic=False)
     engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
@@ -176,7 +193,8 @@ def emit_shared_library(funcs, path, target: Target | None = None) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernels.o"
         obj.write_bytes(tm.emit_object(mod))
-        cmd = [os.environ.get("CC", "cc"), "-shared", "-o", str(path), str(obj), "-lgomp", "-lm"]
+        libs = ["-lgomp", "-lm"] + (["-lmvec"] if _libmvec() else [])
+        cmd = [os.environ.get("CC", "cc"), "-shared", "-o", str(path), str(obj), *libs]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as err:
@@ -189,7 +207,7 @@ def emit_shared_library(funcs, path, target: Target | None = None) -> Path:
 def llvm_ir(funcs, target: Target | None = None, optimized: bool = True) -> str:
     """The LLVM IR module for `funcs`, after LLVM's O3 pipeline unless `optimized` is False."""
     if not optimized:
-        return generate(list(funcs))
+        return generate(list(funcs), (target or Target.host()).vector_bytes if _libmvec() else 0)
     return str(_build(funcs, target, pic=False)[1])
 
 

@@ -24,6 +24,7 @@ from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 MAX_LANES = 64  # a longer vectorized loop is strip-mined into chunks of this many lanes (plus one tail chunk)
 STACK_LIMIT = 64 * 1024  # bigger allocations go to the heap: thread stacks are small
+STACK_BUDGET = 512 * 1024  # and so do the ones past this total per function
 NUM_THREADS_GLOBAL = "tilefarm_num_threads"
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -33,7 +34,9 @@ _SCALAR = {"bool": I1, "int8": I8, "uint8": I8, "int32": I32, "int64": I64,
            "float32": ir.FloatType(), "float64": ir.DoubleType()}
 _FCMP = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}
 _BOOL_ARITH = {"add": "or", "mul": "and", "sub": "xor", "max": "or", "min": "and"}  # numpy's bool algebra
-_LLVM_MATH = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "tanh": "llvm.tanh", "floor": "llvm.floor"}
+_LIBM = ("exp", "log", "tanh", "erf", "pow")  # in glibc's vector math library (libmvec) too, since glibc 2.35
+_LLVM_MATH = ("exp", "log", "tanh", "pow")  # LLVM intrinsics that lower to the libm call for scalars
+_LIBMVEC_ISA = {64: "e", 32: "d", 16: "b"}  # x86-64 vector function ABI letter by register size: AVX-512, AVX2, SSE4
 _CONTRACT = ("contract",)  # lets LLVM fuse a*b+c into FMA without the reassociation full fast-math allows
 
 
@@ -93,8 +96,9 @@ _FOLD = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__, "floordiv":
 class _ModuleEmitter:
     """One LLVM module: the kernels, their outlined parallel bodies and the helpers they call."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, libmvec_bytes: int):
         self.module = ir.Module(name=name)
+        self.libmvec_bytes = libmvec_bytes if libmvec_bytes in _LIBMVEC_ISA else 0
         nthreads = ir.GlobalVariable(self.module, I32, NUM_THREADS_GLOBAL)
         nthreads.initializer = ir.Constant(I32, 0)
         self.num_threads = nthreads
@@ -172,6 +176,7 @@ class _FnEmitter:
         self.env: dict[str, ir.Value] = {}
         self.lanes: _Lanes | None = None
         self.mask: ir.Value | None = None  # which lanes are active, under a lane-dependent condition
+        self.stack_bytes = 0
 
     def finish(self) -> None:
         self.b.ret_void()
@@ -321,7 +326,8 @@ class _FnEmitter:
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
         nbytes = buf.size * dtypes.itemsize(buf.dtype)
-        if nbytes <= STACK_LIMIT:
+        if nbytes <= STACK_LIMIT and self.stack_bytes + nbytes <= STACK_BUDGET:
+            self.stack_bytes += nbytes
             ptr = self.allocas.alloca(ir.ArrayType(_memory_type(buf.dtype), buf.size), name=buf.name)
             ptr.align = 64
             ptr.type = PTR  # opaque, like every other buffer pointer, so vector loads/stores type-check
@@ -571,7 +577,7 @@ class _FnEmitter:
         if op in ("min", "max"):  # llvm.minimum/maximum propagate NaN like numpy's minimum/maximum
             return self.math("llvm.minimum" if op == "min" else "llvm.maximum", a, b)
         if op == "pow":
-            return self.math("llvm.pow", a, b)
+            return self.libm("pow", a, b)
         raise BuildError(f"kernel {self.kernel}: unknown binary op {op!r}")
 
     def int_arith(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
@@ -671,17 +677,51 @@ class _FnEmitter:
         if not is_float:
             raise BuildError(f"kernel {self.kernel}: {op} needs a float operand, got {dt}")
         one = _splat_const(x, 1.0)
-        if op in _LLVM_MATH:
-            return self.math(_LLVM_MATH[op], x)
+        if op in _LIBM:
+            return self.libm(op, x)
+        if op in ("sqrt", "floor"):
+            return self.math(f"llvm.{op}", x)
         if op == "rsqrt":
             return b.fdiv(one, self.math("llvm.sqrt", x))
         if op == "sigmoid":
-            return b.fdiv(one, b.fadd(one, self.math("llvm.exp", b.fneg(x))))
-        if op == "erf":
-            scalar = x.type.element if _width(x) is not None else x.type
-            libm = self.mod.function("erff" if dt == "float32" else "erf", scalar, [scalar])
-            return self.per_lane(lambda v: b.call(libm, [v]), x)
+            return b.fdiv(one, b.fadd(one, self.libm("exp", b.fneg(x))))
         raise BuildError(f"kernel {self.kernel}: unknown intrinsic {op!r}")
+
+    def libm(self, op: str, *args: ir.Value) -> ir.Value:
+        """libm's `op` on float operands; vectors go to libmvec one register at a time where it is available."""
+        args = self.unify(*args)
+        width, t = _width(args[0]), args[0].type
+        scalar = t.element if width is not None else t
+        name = op + ("f" if isinstance(scalar, ir.FloatType) else "")
+        if width is None or not self.mod.libmvec_bytes:
+            if op in _LLVM_MATH:
+                return self.math(f"llvm.{op}", *args)
+            fn = self.mod.function(name, scalar, [scalar] * len(args))
+            return self.per_lane(lambda *xs: self.b.call(fn, list(xs)), *args)
+        lanes = self.mod.libmvec_bytes // (4 if isinstance(scalar, ir.FloatType) else 8)
+        vty = ir.VectorType(scalar, lanes)
+        isa = _LIBMVEC_ISA[self.mod.libmvec_bytes]
+        fn = self.mod.function(f"_ZGV{isa}N{lanes}{'v' * len(args)}_{name}", vty, [vty] * len(args))
+        chunks = [self.b.call(fn, [self.lanes_slice(x, at, lanes) for x in args]) for at in range(0, width, lanes)]
+        return self.concat(chunks, width)
+
+    def lanes_slice(self, v: ir.Value, start: int, n: int) -> ir.Value:
+        """Lanes [start, start + n) of `v` (lanes past its end repeat lane 0)."""
+        count = v.type.count
+        if start == 0 and n == count:
+            return v
+        mask = [start + i if start + i < count else 0 for i in range(n)]
+        return self.b.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(ir.VectorType(I32, n), mask))
+
+    def concat(self, chunks: list[ir.Value], width: int) -> ir.Value:
+        """The first `width` lanes of the chunks laid end to end."""
+        while len(chunks) > 1:
+            if len(chunks) % 2:
+                chunks.append(ir.Constant(chunks[0].type, None))
+            n = chunks[0].type.count
+            mask = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+            chunks = [self.b.shuffle_vector(a, b, mask) for a, b in zip(chunks[::2], chunks[1::2])]
+        return self.lanes_slice(chunks[0], 0, width)
 
     def select(self, e: Select) -> ir.Value:
         cond = self.as_bool(e.cond)
@@ -721,15 +761,16 @@ class _FnEmitter:
         return phi
 
 
-def generate(funcs: list[Func]) -> str:
-    """The LLVM IR module (text) holding every kernel of `funcs`."""
+def generate(funcs: list[Func], libmvec_bytes: int = 0) -> str:
+    """The LLVM IR module (text) holding every kernel of `funcs`; with `libmvec_bytes` (the vector register size)
+    vector exp/log/tanh/erf/pow call glibc's libmvec instead of libm once per lane."""
     if not funcs:
         raise BuildError("nothing to compile: the list of functions is empty")
     names = [f.name for f in funcs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise BuildError(f"kernel names must be unique, repeated: {sorted(dup)}")
-    mod = _ModuleEmitter(funcs[0].name)
+    mod = _ModuleEmitter(funcs[0].name, libmvec_bytes)
     for f in funcs:
         mod.emit(f)
     return str(mod.module)
