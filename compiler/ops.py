@@ -408,7 +408,7 @@ def _ref_pad(x: np.ndarray, pads: tuple[int, int, int, int], value: float) -> np
     return np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=value)
 
 
-def _ref_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
+def reference_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
     x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
     (sh, sw), (dh, dw) = _pair("ref", "stride", stride, 1), _pair("ref", "dilation", dilation, 1)
     xp = _ref_pad(x, _padding("ref", padding), 0.0)
@@ -481,7 +481,7 @@ KERNELS: dict[str, KernelCase] = {
     "conv2d": KernelCase(
         (("data", (1, 8, 15, 15)), ("weight", (16, 8, 3, 3))),
         lambda d, w: conv2d_nchw(d, w, stride=2, padding=1),
-        _f64(lambda d, w: _ref_conv2d(d, w, stride=2, padding=1)),
+        _f64(lambda d, w: reference_conv2d(d, w, stride=2, padding=1)),
         rtol=1e-5,
         atol=1e-4,
     ),
@@ -489,7 +489,7 @@ KERNELS: dict[str, KernelCase] = {
     "conv2d_dilated": KernelCase(
         (("data", (1, 8, 14, 14)), ("weight", (8, 8, 3, 3))),
         lambda d, w: conv2d_nchw(d, w, padding=2, dilation=2),
-        _f64(lambda d, w: _ref_conv2d(d, w, padding=2, dilation=2)),
+        _f64(lambda d, w: reference_conv2d(d, w, padding=2, dilation=2)),
         rtol=1e-5,
         atol=1e-4,
     ),
@@ -497,7 +497,7 @@ KERNELS: dict[str, KernelCase] = {
     "conv2d_grouped": KernelCase(
         (("data", (1, 8, 12, 12)), ("weight", (8, 4, 3, 3))),
         lambda d, w: conv2d_nchw(d, w, padding=1, groups=2),
-        _f64(lambda d, w: _ref_conv2d(d, w, padding=1, groups=2)),
+        _f64(lambda d, w: reference_conv2d(d, w, padding=1, groups=2)),
         rtol=1e-5,
         atol=1e-4,
     ),
@@ -505,7 +505,7 @@ KERNELS: dict[str, KernelCase] = {
     "conv2d_depthwise": KernelCase(
         (("data", (1, 8, 16, 16)), ("weight", (16, 1, 3, 3))),
         lambda d, w: conv2d_nchw(d, w, padding=1, groups=8),
-        _f64(lambda d, w: _ref_conv2d(d, w, padding=1, groups=8)),
+        _f64(lambda d, w: reference_conv2d(d, w, padding=1, groups=8)),
         rtol=1e-5,
         atol=1e-5,
     ),
@@ -513,7 +513,7 @@ KERNELS: dict[str, KernelCase] = {
     "conv2d_bias_relu": KernelCase(
         (("data", (1, 8, 12, 12)), ("weight", (12, 8, 3, 3)), ("bias", (12,))),
         lambda d, w, b: conv2d_bias_relu(d, w, b, padding=1),
-        _f64(lambda d, w, b: np.maximum(_ref_conv2d(d, w, padding=1) + b[None, :, None, None], 0.0)),
+        _f64(lambda d, w, b: np.maximum(reference_conv2d(d, w, padding=1) + b[None, :, None, None], 0.0)),
         rtol=1e-5,
         atol=1e-4,
     ),

@@ -1,0 +1,178 @@
+"""Kernel benchmark: tilefarm (naive and hand-scheduled) against numpy/OpenBLAS and onnxruntime, in one run.
+
+    python -m bench.kernels [--threads 1,2] [--repeat 7] [--json rows.json] [--only gemm]
+
+Timings are interleaved (one sample of each system in turn, repeated) and medians are reported, because 1-3 ms
+kernels on a shared 2-core machine swing by up to 2x between runs; compare the ratios, which come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler import hand_schedules as schedules
+from compiler import ops, te
+from compiler.codegen import compile_funcs
+from compiler.dag import ComputeDAG
+from compiler.lower import lower
+from compiler.state import State, initial_state
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    inputs: list[te.Tensor]
+    output: te.Tensor
+    hand: Callable[[ComputeDAG], State]
+    onnx_node: Callable[[], tuple]  # -> (onnx node, input names, constant initializers)
+
+
+def gemm(n: int) -> Workload:
+    A, B = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+    return Workload(f"gemm_{n}", [A, B], ops.matmul(A, B, name="C"), schedules.gemm, lambda: ("MatMul", {}, []))
+
+
+def conv(c: int, hw: int) -> Workload:
+    data = te.placeholder((1, c, hw, hw), name="data")
+    weight = te.placeholder((c, c, 3, 3), name="weight")
+    out = ops.conv2d_nchw(data, weight, stride=1, padding=1, name="conv")
+    return Workload(
+        f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, schedules.conv2d,
+        lambda: ("Conv", {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}, [1]),
+    )
+
+
+WORKLOADS = [gemm(512), gemm(1024), conv(64, 56), conv(128, 28), conv(256, 14)]
+
+
+def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
+    """An onnxruntime session computing the workload; weights (for conv) are initializers, as in a real model."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    op, attrs, const_ids = w.onnx_node()
+    names = [t.name for t in w.inputs]
+    feeds = [n for i, n in enumerate(names) if i not in const_ids]
+    inits = [numpy_helper.from_array(arrays[i], names[i]) for i in const_ids]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], **attrs)], w.name,
+        [helper.make_tensor_value_info(names[i], TensorProto.FLOAT, list(arrays[i].shape))
+         for i in range(len(names)) if i not in const_ids],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(w.output.shape))], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # readable by every onnxruntime release we support
+    onnx.checker.check_model(model)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {n: arrays[names.index(n)] for n in feeds}
+    return lambda: sess.run(None, feed)[0]
+
+
+def calibrate(fn: Callable[[], object], min_ms: float) -> int:
+    """Calls per sample so one sample lasts at least min_ms."""
+    t = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t, 1e-7)
+    return max(1, int(min_ms / 1e3 / once))
+
+
+def interleaved(systems: dict[str, Callable[[], object]], repeat: int, min_ms: float) -> dict[str, float]:
+    """Median seconds per call of each system, sampling them in turn."""
+    number = {k: calibrate(fn, min_ms) for k, fn in systems.items()}
+    samples: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(repeat):
+        for k, fn in systems.items():
+            t = time.perf_counter()
+            for _ in range(number[k]):
+                fn()
+            samples[k].append((time.perf_counter() - t) / number[k])
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        return ", ".join(f"{i['internal_api']} {i.get('version')} ({i.get('architecture')})" for i in blas) or "?"
+    except ImportError:
+        return "threadpoolctl not installed"
+
+
+def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict]) -> None:
+    from threadpoolctl import threadpool_limits
+
+    dag = ComputeDAG([*w.inputs, w.output])
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
+    out = np.zeros(w.output.shape, np.float32)
+    kernels = {}
+    for label, state in (("naive", initial_state(dag)), ("hand", w.hand(dag))):
+        func = lower(state, f"{w.name}_{label}")
+        built = compile_funcs([func])
+        kernels[label] = built[func.name]
+        print(f"  {label:5s} JIT compile {built.compile_seconds:.3f} s")
+    reference = None
+    for t in threads:
+        os.environ["TILEFARM_NUM_THREADS"] = str(t)
+        ort_fn = onnx_session(w, arrays, t)
+        reference = ort_fn()
+        for label, k in kernels.items():
+            out[...] = 0
+            k(*arrays, out)
+            np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-3, err_msg=f"{w.name} {label} is wrong")
+        systems = {
+            "tilefarm-naive": lambda: kernels["naive"](*arrays, out),
+            "tilefarm-hand": lambda: kernels["hand"](*arrays, out),
+            "onnxruntime": ort_fn,
+        }
+        if w.name.startswith("gemm"):
+            systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
+        naive = {"tilefarm-naive": systems.pop("tilefarm-naive")}
+        with threadpool_limits(limits=t, user_api="blas"):
+            medians = interleaved(systems, repeat, min_ms=30)
+            medians.update(interleaved(naive, 3, min_ms=0))
+        for system, sec in sorted(medians.items()):
+            row = {"workload": w.name, "system": system, "threads": t, "median_ms": round(sec * 1e3, 4),
+                   "gflops": round(dag.flop_count / sec / 1e9, 2)}
+            rows.append(row)
+            print(f"  {t} thr  {system:15s} {row['median_ms']:10.3f} ms {row['gflops']:8.1f} GFLOP/s")
+        hand = medians["tilefarm-hand"]
+        for ref in ("numpy-openblas", "onnxruntime"):
+            if ref in medians:
+                print(f"  {t} thr  hand / {ref:15s} speed ratio {medians[ref] / hand:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    p.add_argument("--repeat", type=int, default=7, help="interleaved samples per system")
+    p.add_argument("--json", help="write the rows here as a JSON list")
+    p.add_argument("--only", help="run workloads whose name contains this")
+    args = p.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    print(f"BLAS: {blas_info()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    rows: list[dict] = []
+    for w in WORKLOADS:
+        if args.only and args.only not in w.name:
+            continue
+        print(f"{w.name}: {ComputeDAG([*w.inputs, w.output]).flop_count / 1e9:.3f} GFLOP")
+        run_workload(w, threads, args.repeat, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The `tilefarm` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compiler import hand_schedules, ops, te
+from compiler.codegen import assembly, compile_funcs, emit_shared_library, llvm_ir
+from compiler.dag import ComputeDAG
+from compiler.errors import TilefarmError
+from compiler.lower import lower
+from compiler.state import apply_steps, initial_state, step_from_record
+from compiler.target import Target
+
+
+def _gemm(shape: list[int]):
+    m, n, k = (shape + [shape[-1]] * 3)[:3] if shape else (512, 512, 512)
+    A, B = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    return [A, B], ops.matmul(A, B, name="C"), lambda a, b: [a.astype(np.float64) @ b], hand_schedules.gemm
+
+
+def _conv2d(shape: list[int]):
+    n, c, h, w, f = shape if len(shape) == 5 else (1, 64, 56, 56, 64)
+    data, weight = te.placeholder((n, c, h, w), name="data"), te.placeholder((f, c, 3, 3), name="weight")
+    out = ops.conv2d_nchw(data, weight, padding=1, name="conv")
+    return [data, weight], out, lambda d, wt: [ops.reference_conv2d(d, wt, padding=1)], hand_schedules.conv2d
+
+
+BUILDERS = {"gemm": _gemm, "conv2d": _conv2d}
+
+
+def _kernel(name: str, shape: list[int]):
+    if name in BUILDERS:
+        return BUILDERS[name](shape)
+    if name not in ops.KERNELS:
+        raise SystemExit(f"unknown kernel {name!r}; choose from {', '.join([*BUILDERS, *ops.KERNELS])}")
+    case = ops.KERNELS[name]
+    inputs, outputs = case.build()
+    return inputs, outputs[0], case.reference, None
+
+
+def cmd_kernel(args: argparse.Namespace) -> int:
+    """Schedule one kernel, print its loop nest, JIT it, check it against numpy and time it."""
+    inputs, output, reference, hand = _kernel(args.name, [int(x) for x in args.shape.split(",")] if args.shape else [])
+    dag = ComputeDAG([*inputs, output])
+    if args.schedule == "naive":
+        state = initial_state(dag)
+    elif args.schedule == "hand":
+        if hand is None:
+            raise SystemExit(f"no hand-written schedule for {args.name}; use naive or a steps JSON file")
+        state = hand(dag)
+    else:
+        steps = [step_from_record(r) for r in json.loads(Path(args.schedule).read_text())]
+        state = apply_steps(dag, steps)
+    print(f"workload {dag.workload_key}  {dag.flop_count / 1e9:.3f} GFLOP  target {Target.host().mcpu}")
+    print(state)
+    func = lower(state, args.name)
+    if args.show in ("loopir", "llvm", "asm"):
+        print({"loopir": lambda: str(func), "llvm": lambda: llvm_ir([func]), "asm": lambda: assembly([func])}[
+            args.show]())
+    built = compile_funcs([func])
+    kernel = built[func.name]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in inputs]
+    out = np.zeros(output.shape, np.float32)
+    kernel(*arrays, out)
+    want = reference(*arrays)[0]
+    err = float(np.max(np.abs(out - want)) / max(1.0, float(np.max(np.abs(want)))))
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        kernel(*arrays, out)
+        times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    threads = os.environ.get("TILEFARM_NUM_THREADS", "all")
+    print(f"JIT {built.compile_seconds:.3f} s | max rel error vs numpy {err:.2e} | median {med * 1e3:.3f} ms"
+          f" = {dag.flop_count / med / 1e9:.1f} GFLOP/s on {threads} threads")
+    if args.save_steps:
+        Path(args.save_steps).write_text(json.dumps([s.record() for s in state.steps]))
+    if args.emit_lib:
+        print(f"shared library: {emit_shared_library([func], args.emit_lib)}")
+    if err > 1e-3:
+        print("error: the result does not match numpy", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tilefarm", description="a deep-learning compiler with an auto-scheduler")
+    sub = p.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("kernel", help=cmd_kernel.__doc__)
+    k.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
+    k.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
+    k.add_argument("--schedule", default="hand", help="naive, hand, or a JSON file of step records")
+    k.add_argument("--show", choices=["loopir", "llvm", "asm"], help="also print this stage")
+    k.add_argument("--repeat", type=int, default=10)
+    k.add_argument("--save-steps", help="write the schedule's step records (JSON) here")
+    k.add_argument("--emit-lib", help="also link the kernel into this shared library")
+    args = p.parse_args(argv)
+    try:
+        return {"kernel": cmd_kernel}[args.command](args)
+    except TilefarmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
