@@ -45,7 +45,10 @@ def conv(c: int, hw: int) -> Workload:
     weight = te.placeholder((c, c, 3, 3), name="weight")
     out = ops.conv2d_nchw(data, weight, stride=1, padding=1, name="conv")
     return Workload(
-        f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, schedules.conv2d,
+        f"conv2d_{c}x{hw}x{hw}_3x3",
+        [data, weight],
+        out,
+        schedules.conv2d,
         lambda: ("Conv", {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}, [1]),
     )
 
@@ -64,10 +67,15 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
     feeds = [n for i, n in enumerate(names) if i not in const_ids]
     inits = [numpy_helper.from_array(arrays[i], names[i]) for i in const_ids]
     graph = helper.make_graph(
-        [helper.make_node(op, names, ["y"], **attrs)], w.name,
-        [helper.make_tensor_value_info(names[i], TensorProto.FLOAT, list(arrays[i].shape))
-         for i in range(len(names)) if i not in const_ids],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(w.output.shape))], inits,
+        [helper.make_node(op, names, ["y"], **attrs)],
+        w.name,
+        [
+            helper.make_tensor_value_info(names[i], TensorProto.FLOAT, list(arrays[i].shape))
+            for i in range(len(names))
+            if i not in const_ids
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(w.output.shape))],
+        inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8  # readable by every onnxruntime release we support
@@ -144,8 +152,13 @@ def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict])
             medians = interleaved(systems, repeat, min_ms=30)
             medians.update(interleaved(naive, 3, min_ms=0))
         for system, sec in sorted(medians.items()):
-            row = {"workload": w.name, "system": system, "threads": t, "median_ms": round(sec * 1e3, 4),
-                   "gflops": round(dag.flop_count / sec / 1e9, 2)}
+            row = {
+                "workload": w.name,
+                "system": system,
+                "threads": t,
+                "median_ms": round(sec * 1e3, 4),
+                "gflops": round(dag.flop_count / sec / 1e9, 2),
+            }
             rows.append(row)
             print(f"  {t} thr  {system:15s} {row['median_ms']:10.3f} ms {row['gflops']:8.1f} GFLOP/s")
         hand = medians["tilefarm-hand"]

@@ -6,7 +6,7 @@ the box of elements its readers touch inside that loop, stored in a buffer the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler import te
 from compiler.errors import LoweringError
@@ -209,8 +209,7 @@ class _Lowering:
             stmt = _auto_unroll(stmt, own_loops, s.auto_unroll_max_step)[0]
         return stmt
 
-    def run(self, name: str) -> Func:
-        dag = self.state.dag
+    def infer_all(self) -> None:
         for s in self.state.stages:  # loop names in program order, for readable output
             if s.op.body is not None and s.compute_at != "inline":
                 for leaf in derive(s).leaves:
@@ -218,6 +217,10 @@ class _Lowering:
         for s in reversed(self.state.stages):
             if s.op.body is not None and s.compute_at != "inline":
                 self.infer(s)
+
+    def run(self, name: str) -> Func:
+        dag = self.state.dag
+        self.infer_all()
         roots = [s for s in self.state.stages if s.op.body is not None and s.compute_at == "root"]
         body: Stmt = seq(*(self.emit(s) for s in roots))
         for s in reversed(roots):
@@ -230,6 +233,20 @@ class _Lowering:
 def lower(state: State, name: str = "kernel") -> Func:
     """Loop IR for a scheduled State; params are the DAG's inputs then outputs."""
     return _Lowering(state).run(name)
+
+
+def infer_bound(state: State) -> State:
+    """The State with each iterator's extent as bound inference finds it (stages computed at another stage's loop
+    shrink to the region their consumers need there), for printing."""
+    low = _Lowering(state)
+    low.infer_all()
+    stages = list(state.stages)
+    for i, s in enumerate(stages):
+        info = low.info.get(s.name)
+        if info is not None:
+            extents = {leaf: e for leaf, (_, e, _) in zip(info.leaf_names, info.loops)}
+            stages[i] = replace(s, iters=tuple(replace(it, extent=extents.get(it.name, it.extent)) for it in s.iters))
+    return replace(state, stages=tuple(stages))
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -10,6 +10,16 @@ from compiler.target import Target
 
 __version__ = "0.1.0"
 __all__ = [
-    "ComputeDAG", "State", "Target", "TilefarmError", "apply_steps", "compile_funcs", "emit_shared_library",
-    "initial_state", "lower", "ops", "step_from_record", "te",
+    "ComputeDAG",
+    "State",
+    "Target",
+    "TilefarmError",
+    "apply_steps",
+    "compile_funcs",
+    "emit_shared_library",
+    "initial_state",
+    "lower",
+    "ops",
+    "step_from_record",
+    "te",
 ]

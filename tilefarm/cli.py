@@ -16,7 +16,7 @@ from compiler import hand_schedules, ops, te
 from compiler.codegen import assembly, compile_funcs, emit_shared_library, llvm_ir
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
-from compiler.lower import lower
+from compiler.lower import infer_bound, lower
 from compiler.state import apply_steps, initial_state, step_from_record
 from compiler.target import Target
 
@@ -61,11 +61,12 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         steps = [step_from_record(r) for r in json.loads(Path(args.schedule).read_text())]
         state = apply_steps(dag, steps)
     print(f"workload {dag.workload_key}  {dag.flop_count / 1e9:.3f} GFLOP  target {Target.host().mcpu}")
-    print(state)
+    print(infer_bound(state))
     func = lower(state, args.name)
     if args.show in ("loopir", "llvm", "asm"):
-        print({"loopir": lambda: str(func), "llvm": lambda: llvm_ir([func]), "asm": lambda: assembly([func])}[
-            args.show]())
+        print(
+            {"loopir": lambda: str(func), "llvm": lambda: llvm_ir([func]), "asm": lambda: assembly([func])}[args.show]()
+        )
     built = compile_funcs([func])
     kernel = built[func.name]
     rng = np.random.default_rng(0)
@@ -81,8 +82,10 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         times.append(time.perf_counter() - t)
     med = statistics.median(times)
     threads = os.environ.get("TILEFARM_NUM_THREADS", "all")
-    print(f"JIT {built.compile_seconds:.3f} s | max rel error vs numpy {err:.2e} | median {med * 1e3:.3f} ms"
-          f" = {dag.flop_count / med / 1e9:.1f} GFLOP/s on {threads} threads")
+    print(
+        f"JIT {built.compile_seconds:.3f} s | max rel error vs numpy {err:.2e} | median {med * 1e3:.3f} ms"
+        f" = {dag.flop_count / med / 1e9:.1f} GFLOP/s on {threads} threads"
+    )
     if args.save_steps:
         Path(args.save_steps).write_text(json.dumps([s.record() for s in state.steps]))
     if args.emit_lib:
