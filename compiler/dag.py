@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from compiler import te
+from compiler import dtypes, te
 from compiler.errors import InvalidExpr
 from compiler.te import Expr, Load, Reduce, Var
 
@@ -188,6 +188,9 @@ def _count_ops(e: Expr) -> int:
 
 
 def _rename_node(n: Expr, axes: dict[str, Var], tensors: dict[str, str]) -> Expr | None:
+    if isinstance(n, te.Const) and dtypes.is_int(n.dtype) and n.dtype != dtypes.INDEX:
+        # integer constants of every width print alike, but int8 and int64 arithmetic wrap differently
+        return te.Cast(n.dtype, n)
     if isinstance(n, Var):
         return axes.get(n.name, n)
     if isinstance(n, Load):

@@ -21,7 +21,14 @@ INDEX = "int64"  # loop variables and index arithmetic
 
 def check(dtype: str) -> str:
     """Return `dtype` if tilefarm supports it, else raise UnsupportedDType naming the supported ones."""
-    name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            # np.dtype(None) is float64: an unset dtype must not silently pass for one
+            name = str(np.dtype(dtype)) if dtype is not None else "None"
+        except TypeError:
+            name = repr(dtype)
     if name not in DTYPES:
         raise UnsupportedDType(f"dtype {name!r} is not supported; supported dtypes: {', '.join(DTYPES)}")
     return name

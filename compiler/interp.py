@@ -108,9 +108,9 @@ def _expr(e: Expr) -> str:
     if isinstance(e, Var):
         return _name(e.name)
     if isinstance(e, Binary):
-        return BINARY[e.op].format(_expr(e.a), _expr(e.b))
+        return _wrap(e, BINARY[e.op].format(_expr(e.a), _expr(e.b)))
     if isinstance(e, Unary):
-        return UNARY[e.op].format(_expr(e.a))
+        return _wrap(e, UNARY[e.op].format(_expr(e.a)))
     if isinstance(e, Select):
         return f"({_expr(e.t)} if {_expr(e.cond)} else {_expr(e.f)})"
     if isinstance(e, Cast):
@@ -118,6 +118,14 @@ def _expr(e: Expr) -> str:
     if isinstance(e, Load):
         return f"{_name(e.buffer)}[{_expr(e.indices[0])}]"
     raise TypeError(f"cannot interpret {type(e).__name__} in loop IR")
+
+
+def _wrap(e: Expr, code: str) -> str:
+    # Python ints never overflow, but compiled code (and numpy) wrap int8/int32 arithmetic at every operation;
+    # index arithmetic is int64 and left alone, so loops pay nothing for this
+    if dtypes.is_int(e.dtype) and dtypes.bits(e.dtype) < 64:
+        return f"_cast_{e.dtype}({code})"
+    return code
 
 
 def _name(n: str) -> str:

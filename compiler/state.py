@@ -176,6 +176,9 @@ def apply_steps(dag: ComputeDAG, steps: Iterable[Step], state: State | None = No
     """Replay `steps` from the initial state (or `state`); raises IllegalStep naming the failing step."""
     state = state or initial_state(dag)
     for step in steps:
+        why = _malformed(step)
+        if why:
+            raise IllegalStep(len(state.steps), step, why)
         try:
             state = step.apply(state)
         except IllegalStep as e:
@@ -187,6 +190,25 @@ def apply_steps(dag: ComputeDAG, steps: Iterable[Step], state: State | None = No
         _check_attachments(state, step, len(state.steps))
         state = replace(state, steps=state.steps + (step,))
     return state
+
+
+def _malformed(step: Step) -> str | None:
+    """Why a step's fields cannot be right (wrong types, negative indices), as in a hand-edited record; else None."""
+    for f in dataclasses.fields(step):
+        v = getattr(step, f.name)
+        if f.type == "tuple[int, ...]":
+            if not isinstance(v, tuple) or not all(_is_int(x) for x in v):
+                return f"{f.name} must be a list of integers, got {v!r}"
+        elif f.type == "int" and not _is_int(v) or f.type in ("bool", "str") and type(v).__name__ != f.type:
+            return f"{f.name} must be of type {f.type}, got {v!r}"
+        # Python reads a negative index from the end, which would silently pick another stage or loop
+        if f.name.endswith(("_id", "_ids")) and any(x < 0 for x in (v if isinstance(v, tuple) else (v,))):
+            return f"{f.name} must not be negative, got {v!r}"
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check_attachments(state: State, step: Step, index: int) -> None:
@@ -556,14 +578,18 @@ STEPS: dict[str, type[Step]] = {
 
 def step_from_record(rec: Sequence) -> Step:
     """Inverse of Step.record()."""
-    if not rec or rec[0] not in STEPS:
+    if not isinstance(rec, (list, tuple)) or not rec or not isinstance(rec[0], str) or rec[0] not in STEPS:
         raise IllegalStep(None, rec, f"unknown step tag; expected one of {sorted(STEPS)}")
     cls = STEPS[rec[0]]
     fields = dataclasses.fields(cls)
     if len(rec) - 1 != len(fields):
         raise IllegalStep(None, rec, f"{cls.__name__} takes {len(fields)} fields, got {len(rec) - 1}")
     args = [tuple(v) if isinstance(v, list) else v for v in rec[1:]]
-    return cls(*args)
+    step = cls(*args)
+    why = _malformed(step)
+    if why:
+        raise IllegalStep(None, rec, why)
+    return step
 
 
 # ---------------------------------------------------------------------------------------------- printing

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,9 +257,13 @@ class Tensor:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.shape):
             raise InvalidExpr(f"tensor {self.name} has {len(self.shape)} dims but was indexed with {len(idx)}")
+        indices = tuple(wrap(i) for i in idx)
+        for i in indices:
+            if not dtypes.is_int(i.dtype):
+                raise InvalidExpr(f"tensor {self.name}: index {i} has dtype {i.dtype}; indices must be integers")
         if _reads is not None:
             _reads.append(self)
-        return Load(self.name, tuple(wrap(i) for i in idx), self.dtype)
+        return Load(self.name, indices, self.dtype)
 
     def __repr__(self):
         return f"Tensor({self.name}, {list(self.shape)}, {self.dtype})"
@@ -269,8 +274,8 @@ _reads: list[Tensor] | None = None  # tensors read while a compute body is being
 
 def _check_shape(shape: Sequence[int], name: str) -> tuple[int, ...]:
     try:
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
+        shape = tuple(operator.index(s) for s in shape)  # index(), not int(): 2.5 must not become 2
+    except TypeError:
         raise InvalidExpr(f"tensor {name}: shape {shape!r} must be a sequence of integers") from None
     if any(s <= 0 for s in shape):
         raise InvalidExpr(f"tensor {name}: every dimension must be positive, got {list(shape)}")
@@ -286,6 +291,8 @@ def compute(shape: Sequence[int], fcompute: Callable[..., Any], name: str = "com
     """A tensor whose element at each index is `fcompute(*index)`; axis names come from the lambda's parameters."""
     global _reads
     shape = _check_shape(shape, name)
+    if not callable(fcompute):
+        raise InvalidExpr(f"compute {name}: expected a function of the {len(shape)} output indices, got {fcompute!r}")
     params = list(inspect.signature(fcompute).parameters)
     if len(params) != len(shape) and not any(
         p.kind == inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(fcompute).parameters.values()
@@ -309,29 +316,43 @@ def _check_body(body: Expr, name: str, axes: tuple[Var, ...]) -> None:
     inner = body.body if isinstance(body, Reduce) else body
     if any(isinstance(e, Reduce) for e in walk(inner)):
         raise InvalidExpr(f"compute {name}: a reduction must be the whole body, not part of an expression")
-    if isinstance(body, Reduce):
-        clash = {a.name for a in axes} & {r.name for r in body.axes}
-        if clash:
-            raise InvalidExpr(f"compute {name}: reduce axis names {sorted(clash)} clash with the output axes")
+    reduce_axes = body.axes if isinstance(body, Reduce) else ()
+    clash = {a.name for a in axes} & {r.name for r in reduce_axes}
+    if clash:
+        raise InvalidExpr(f"compute {name}: reduce axis names {sorted(clash)} clash with the output axes")
+    if len({r.name for r in reduce_axes}) != len(reduce_axes):
+        raise InvalidExpr(f"compute {name}: a reduce axis is listed twice in {[r.name for r in reduce_axes]}")
+    # variables are told apart by name in every later pass, so one that is not an axis here would be unbound
+    # (a reduce axis used outside its reduction, or two reduce axes with one name)
+    known = set(axes) | set(reduce_axes)
+    stray = sorted({str(v) for v in walk(inner) if isinstance(v, Var) and v not in known})
+    if stray:
+        raise InvalidExpr(
+            f"compute {name}: uses index variables {stray} that are neither its axes nor the axes of its reduction"
+        )
 
 
 def reduce_axis(extent: int | tuple[int, int], name: str = "k") -> Var:
     """A reduction axis over range(extent); a (0, n) pair is accepted like TVM's."""
     if isinstance(extent, tuple):
-        if extent[0] != 0:
-            raise InvalidExpr(f"reduce axis {name}: only ranges starting at 0 are supported, got {extent}")
+        if len(extent) != 2 or extent[0] != 0:
+            raise InvalidExpr(f"reduce axis {name}: only (0, n) ranges are supported, got {extent}")
         extent = extent[1]
-    if int(extent) <= 0:
+    try:
+        n = operator.index(extent)
+    except TypeError:
+        raise InvalidExpr(f"reduce axis {name}: extent must be an integer, got {extent!r}") from None
+    if n <= 0:
         raise InvalidExpr(f"reduce axis {name}: extent must be positive, got {extent}")
-    return Var(name, int(extent))
+    return Var(name, n)
 
 
 def _reducer(op: str):
     def reduce(expr: Expr, axis: Var | Sequence[Var]) -> Reduce:
-        axes = (axis,) if isinstance(axis, Var) else tuple(axis)
+        axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
         if not axes:
             raise InvalidExpr(f"te.{op}: a reduction needs at least one reduce axis (made with te.reduce_axis)")
-        if any(a.extent is None for a in axes):
+        if any(not isinstance(a, Var) or a.extent is None for a in axes):
             raise InvalidExpr(f"te.{op}: reduce axes must be made with te.reduce_axis (they carry the extent)")
         return Reduce(op, wrap(expr), axes)
 
@@ -378,6 +399,12 @@ def div(a: Any, b: Any) -> Expr:
 
 
 def select(cond: Any, t: Any, f: Any) -> Select:
+    if isinstance(cond, bool):
+        # `a == b` on expressions is structural equality, a plain bool: te.select(i == 0, ...) would silently pick
+        raise InvalidExpr(
+            "te.select: the condition is a Python bool; compare expressions with te.equal / te.not_equal"
+            " (== and != test structural equality), or use a Python `if` for a condition known at definition time"
+        )
     t = wrap(t, f if isinstance(f, Expr) else None)
     f = wrap(f, t)
     if t.dtype != f.dtype:
