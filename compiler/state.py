@@ -167,6 +167,50 @@ class State:
     def __str__(self):
         return print_state(self)
 
+    # -- the schedule API: each method appends one step, naming stages and iterators by name (or id)
+
+    def do(self, step: Step) -> State:
+        return apply_steps(self.dag, [step], self)
+
+    def _sid(self, stage: int | str) -> int:
+        return stage if isinstance(stage, int) else self.stage_id(stage)
+
+    def _iid(self, stage: int | str, it: int | str) -> int:
+        return it if isinstance(it, int) else self.stage(stage).iter_index(it)
+
+    def split(self, stage, it, lengths: Sequence[int], inner_to_outer: bool = True) -> State:
+        return self.do(Split(self._sid(stage), self._iid(stage, it), tuple(lengths), inner_to_outer))
+
+    def fuse(self, stage, iters: Sequence) -> State:
+        return self.do(Fuse(self._sid(stage), tuple(self._iid(stage, i) for i in iters)))
+
+    def reorder(self, stage, iters: Sequence) -> State:
+        return self.do(Reorder(self._sid(stage), tuple(self._iid(stage, i) for i in iters)))
+
+    def annotate(self, stage, it, annotation: str) -> State:
+        return self.do(Annotate(self._sid(stage), self._iid(stage, it), annotation))
+
+    def pragma_unroll(self, stage, max_step: int) -> State:
+        return self.do(Pragma(self._sid(stage), 0, "auto_unroll_max_step", max_step))
+
+    def compute_at(self, stage, target, it) -> State:
+        return self.do(ComputeAt(self._sid(stage), self._sid(target), self._iid(target, it)))
+
+    def compute_inline(self, stage) -> State:
+        return self.do(ComputeInline(self._sid(stage)))
+
+    def compute_root(self, stage) -> State:
+        return self.do(ComputeRoot(self._sid(stage)))
+
+    def cache_write(self, stage, scope: str = "local") -> State:
+        return self.do(CacheWrite(self._sid(stage), scope))
+
+    def cache_read(self, stage, scope: str, readers: Sequence) -> State:
+        return self.do(CacheRead(self._sid(stage), scope, tuple(self._sid(r) for r in readers)))
+
+    def rfactor(self, stage, it, factor_iter_id: int) -> State:
+        return self.do(Rfactor(self._sid(stage), self._iid(stage, it), factor_iter_id))
+
 
 def initial_state(dag: ComputeDAG) -> State:
     return State(dag, tuple(Stage(op, root_iters(op)) for op in dag.ops))
