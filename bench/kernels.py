@@ -82,6 +82,8 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
     onnx.checker.check_model(model)
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    # idle onnxruntime workers otherwise spin between runs and slow whichever system is timed next
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feed = {n: arrays[names.index(n)] for n in feeds}
     return lambda: sess.run(None, feed)[0]

@@ -40,6 +40,10 @@ def _init_llvm() -> None:
 
 @functools.cache
 def _load_runtime() -> None:
+    # libgomp's idle workers spin ~300k iterations after each parallel loop before sleeping; on a shared 2-core host
+    # that spinning steals the core other work (another runtime, the next measurement) needs. A short spin keeps
+    # back-to-back kernels fast without that. Read once, when libgomp loads; the user's setting wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     llvm.load_library_permanently(ctypes.util.find_library("gomp") or "libgomp.so.1")
     if _libmvec():
         llvm.load_library_permanently(_libmvec())
