@@ -97,12 +97,17 @@ def calibrate(fn: Callable[[], object], min_ms: float) -> int:
     return max(1, int(min_ms / 1e3 / once))
 
 
+SETTLE_S = 0.12  # OpenBLAS workers spin ~2^28 cycles after a call; let them sleep before timing the next system
+
+
 def interleaved(systems: dict[str, Callable[[], object]], repeat: int, min_ms: float) -> dict[str, float]:
     """Median seconds per call of each system, sampling them in turn."""
     number = {k: calibrate(fn, min_ms) for k, fn in systems.items()}
     samples: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(repeat):
         for k, fn in systems.items():
+            time.sleep(SETTLE_S)
+            fn()  # warm this system's caches and wake its threads
             t = time.perf_counter()
             for _ in range(number[k]):
                 fn()
