@@ -58,7 +58,13 @@ def cmd_kernel(args: argparse.Namespace) -> int:
             raise SystemExit(f"no hand-written schedule for {args.name}; use naive or a steps JSON file")
         state = hand(dag)
     else:
-        steps = [step_from_record(r) for r in json.loads(Path(args.schedule).read_text())]
+        try:
+            records = json.loads(Path(args.schedule).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"error: cannot read the schedule {args.schedule!r}: {e}") from None
+        if not isinstance(records, list):
+            raise SystemExit(f"error: {args.schedule} must hold a JSON list of step records")
+        steps = [step_from_record(r) for r in records]
         state = apply_steps(dag, steps)
     print(f"workload {dag.workload_key}  {dag.flop_count / 1e9:.3f} GFLOP  target {Target.host().mcpu}")
     print(infer_bound(state))
