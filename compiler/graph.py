@@ -1,0 +1,144 @@
+"""Graph IR: typed values, nodes in topological order, constants as numpy arrays, a text printer.
+
+Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`).
+The frontend normalizes every node so that later stages never look at ONNX again:
+
+- attributes are ONNX's, with every default filled in and spelled out as plain Python values (ints, floats,
+  strings, lists of ints), e.g. Conv always has `strides`, `pads` (begin..., end...), `dilations`, `group`,
+  `kernel_shape`; `auto_pad` is resolved into `pads` and removed;
+- inputs that ONNX allows as tensors but that must be known to compile are constant-folded and moved into
+  attributes under the ONNX input name: Reshape `shape` (0 and -1 resolved to the real output shape), Expand
+  `shape`, Tile `repeats`, Slice `starts`/`ends`/`axes`/`steps` (all four, clamped to the data's bounds, one entry
+  per sliced axis), Pad `pads` (+ `constant_value`, `mode`), Split `split` (sizes, always listed), Squeeze /
+  Unsqueeze `axes`, Reduce* `axes` (always listed; an empty list means all axes unless noop_with_empty_axes), Clip
+  `min`/`max` (floats, ±inf when absent), Resize `sizes` (the output shape, always) with `mode`,
+  `coordinate_transformation_mode`, `nearest_mode`, `cubic_coeff_a`; TopK `k`;
+- negative axes are made non-negative; data inputs left are real tensors (graph inputs, node outputs, or
+  constants such as weights and Gather indices, held in `Value.const`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __str__(self):
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(eq=False)
+class Value:
+    """A tensor flowing between nodes; `const` holds the data of constants (weights, folded shapes)."""
+
+    name: str
+    type: TensorType
+    const: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    def __repr__(self):
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: tuple[Value | None, ...]  # None for an omitted optional input
+    outputs: tuple[Value, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def __str__(self):
+        outs = ", ".join(f"%{o.name}" for o in self.outputs)
+        ins = ", ".join("_" if v is None else f"%{v.name}" for v in self.inputs)
+        attrs = "".join(f", {k}={_short(v)}" for k, v in sorted(self.attrs.items()))
+        return f"{outs} = {self.op}({ins}{attrs})"
+
+
+@dataclass(eq=False)
+class Graph:
+    """Inputs, outputs and nodes in topological order; constants are Values with `const` set."""
+
+    inputs: list[Value]
+    outputs: list[Value]
+    nodes: list[Node]
+    name: str = "graph"
+
+    def constants(self) -> list[Value]:
+        seen: dict[int, Value] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None and v.const is not None:
+                    seen.setdefault(id(v), v)
+        return list(seen.values())
+
+    def consumers(self) -> dict[int, list[Node]]:
+        """id(value) -> nodes reading it."""
+        out: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    out.setdefault(id(v), []).append(n)
+        return out
+
+    def producers(self) -> dict[int, Node]:
+        return {id(o): n for n in self.nodes for o in n.outputs}
+
+    def __str__(self):
+        lines = [f"graph {self.name}(" + ", ".join(repr(v) for v in self.inputs) + "):"]
+        for c in self.constants():
+            lines.append(f"  %{c.name}: {c.type} = const")
+        lines.extend(f"  {n}" for n in self.nodes)
+        lines.append("  return " + ", ".join(f"%{v.name}" for v in self.outputs))
+        return "\n".join(lines) + "\n"
+
+
+def toposort(nodes: Iterable[Node]) -> list[Node]:
+    """Nodes ordered so every producer comes before its consumers (stable for an already sorted list)."""
+    nodes = list(nodes)
+    producer = {id(o): n for n in nodes for o in n.outputs}
+    done: set[int] = set()
+    order: list[Node] = []
+
+    def visit(n: Node) -> None:
+        stack = [(n, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in done:
+                continue
+            if expanded:
+                done.add(id(node))
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for v in reversed(node.inputs):
+                p = producer.get(id(v)) if v is not None else None
+                if p is not None and id(p) not in done:
+                    stack.append((p, False))
+
+    for n in nodes:
+        visit(n)
+    return order
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"array{list(v.shape)}" if v.size > 8 else str(v.tolist())
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return f"[{', '.join(map(str, v[:8]))}, …]"
+    return repr(v)
