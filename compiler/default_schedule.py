@@ -1,0 +1,211 @@
+"""Rule-based schedules for any ComputeDAG: what a task runs with before (or without) tuning.
+
+The rules follow the shape of the hand-written schedules: inline cheap injective stages; give every reduction
+with data reuse (conv, matmul) a register-blocked tile (accumulators for `block` rows x `lanes` vector columns,
+the reduction loops just outside them), fused with its elementwise consumer when it has one; and parallelize and
+vectorize everything else along its contiguous axis.
+"""
+
+from __future__ import annotations
+
+from compiler import te
+from compiler.dag import ComputeDAG
+from compiler.simplify import linear
+from compiler.state import State, initial_state
+from compiler.te import Load
+
+VECTOR_LANES = 16  # fp32 lanes of one AVX-512 register
+ACCUMULATORS = 16  # vector registers kept for accumulators (of 32)
+PARALLEL_MIN = 32  # fuse outer loops until this many parallel iterations (16 x cores, as Ansor does)
+
+
+def default_schedule(dag: ComputeDAG) -> State:
+    s = initial_state(dag)
+    s = _inline(s)
+    tiled: set[str] = set()
+    for stage in reversed(s.stages):
+        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
+            continue
+        if stage.op.reduce_axes and dag.needs_multi_level_tiling(stage.name):
+            s, done = _tile_anchor(s, stage.name)
+            tiled |= done
+    for stage in s.stages:
+        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
+            continue
+        s = _reduction(s, stage.name) if stage.op.reduce_axes else _elementwise(s, stage.name)
+    return s
+
+
+def _inline(s: State) -> State:
+    """Inline injective intermediates, except those feeding a tiled reduction (pads): re-evaluating a select in the
+    innermost loop of a conv costs more than materializing the padded input once."""
+    dag = s.dag
+    for stage in reversed(s.stages):
+        op = stage.op
+        if op.is_placeholder or op.reduce_axes or dag.is_output(op.name):
+            continue
+        feeds_anchor = any(s.stage(c).op.reduce_axes and dag.needs_multi_level_tiling(c) for c in s.consumers(op.name))
+        if not feeds_anchor:
+            s = s.compute_inline(op.name)
+    return s
+
+
+def _divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _lanes(extent: int, limit: int = VECTOR_LANES) -> int:
+    lanes = _divisor(extent, limit)
+    return extent if lanes < 4 and extent <= limit else lanes
+
+
+def _tile_anchor(s: State, name: str) -> tuple[State, set[str]]:
+    """Register-block a reduction with reuse: cache_write (or its elementwise consumer) holds the output tile."""
+    dag = s.dag
+    op = s.stage(name).op
+    axes = list(op.axes)
+    if not any(a.extent > 1 for a in axes):
+        return s, set()
+    consumers = s.consumers(name)
+    out = consumers[0] if len(consumers) == 1 else None
+    if out is not None and not (dag.elementwise_match(name, out) or _reads_at_own_index(s, name, out)):
+        out = None
+    if out is not None and s.stage(out).compute_at != "root":
+        out = None
+    if out is None:
+        if not dag.is_output(name):
+            return _reduction(s, name), {name}
+        s = s.cache_write(name)
+        local, out = f"{name}.local", name
+    else:
+        local = name
+    v = max(i for i, a in enumerate(axes) if a.extent > 1)
+    wide = axes[v].extent % (2 * VECTOR_LANES) == 0 and axes[v].extent >= 4 * VECTOR_LANES
+    lanes = 2 * VECTOR_LANES if wide else _lanes(axes[v].extent)
+    b = _block_axis(s, local, v)
+    vectors = -(-lanes // VECTOR_LANES)
+    block = _divisor(axes[b].extent, max(1, ACCUMULATORS // vectors)) if b is not None else 1
+    # the output tile loops: outer axes, then the tile of accumulators (the output stage's axes match by position)
+    onames = [a.name for a in s.stage(out).op.axes]
+    ov, ob = onames[v], onames[b] if b is not None else None
+    s = s.split(out, ov, [lanes])
+    if ob is not None:
+        s = s.split(out, ob, [block])
+    outer = [f"{n}.0" if n in (ov, ob) else n for n in onames if n != ov] + [f"{ov}.0"]
+    s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
+    s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")
+    # the accumulator tile: reductions outside, unrolled rows, vectorized columns
+    names = [a.name for a in axes]
+    vn, bn = names[v], names[b] if b is not None else None
+    inner = ([f"{bn}.1"] if bn is not None else []) + [f"{vn}.1"]
+    s = s.split(local, vn, [lanes])
+    if bn is not None:
+        s = s.split(local, bn, [block])
+    reduce_names = [r.name for r in op.reduce_axes]
+    spatial_outer = [f"{n}.0" if n in (vn, bn) else n for n in names]
+    s = s.reorder(local, spatial_outer + reduce_names + inner)
+    if bn is not None:
+        s = s.annotate(local, f"{bn}.1", "unroll")
+    s = s.annotate(local, f"{vn}.1", "vectorize")
+    s = _parallel(s, out, outer[:-1])
+    return s, {local, out}
+
+
+def _reads_at_own_index(s: State, producer: str, consumer: str) -> bool:
+    c = s.stage(consumer).op
+    if c.shape != s.stage(producer).op.shape or c.reduce_axes:
+        return False
+    own = tuple(a.name for a in c.axes)
+    loads = [n for n in _loads(s, c.body) if n.buffer == producer]
+    return bool(loads) and all(tuple(getattr(i, "name", None) for i in ld.indices) == own for ld in loads)
+
+
+def _loads(s: State, body) -> list[Load]:
+    """Loads of `body` after substituting inlined stages (what the consumer really reads)."""
+    out = []
+    for ld in te.loads(body):
+        st = next((x for x in s.stages if x.name == ld.buffer), None)
+        if st is not None and st.compute_at == "inline":
+            sub = te.substitute(st.op.body, {a.name: i for a, i in zip(st.op.axes, ld.indices)})
+            out.extend(_loads(s, sub))
+        else:
+            out.append(ld)
+    return out
+
+
+def _block_axis(s: State, local: str, v: int) -> int | None:
+    """The spatial axis to unroll into accumulator rows: prefer one the vector-loaded input does not depend on (its
+    loads are reused across the rows), then the longest."""
+    op = s.stage(local).op
+    vname = op.axes[v].name
+    loads = _loads(s, op.body)
+    with_v = [ld for ld in loads if any(vname in te.free_vars(i) for i in ld.indices)]
+    used = set().union(*(te.free_vars(i) for ld in with_v for i in ld.indices)) if with_v else set()
+    candidates = [i for i, a in enumerate(op.axes) if i != v and a.extent > 1]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda i: (op.axes[i].name not in used, op.axes[i].extent))
+
+
+def _parallel(s: State, name: str, iters: list[str]) -> State:
+    """Fuse the outermost loops until there is enough parallel work, then mark the fused loop parallel."""
+    stage = s.stage(name)
+    chosen, extent = [], 1
+    for it in iters:
+        if stage.iters[stage.iter_index(it)].kind != "spatial":
+            break
+        chosen.append(it)
+        extent *= stage.iters[stage.iter_index(it)].extent
+        if extent >= PARALLEL_MIN:
+            break
+    if not chosen or extent == 1:
+        return s
+    if len(chosen) > 1:
+        s = s.fuse(name, chosen)
+    return s.annotate(name, "@".join(chosen), "parallel")
+
+
+def _contiguous(s: State, name: str, axis: str) -> bool:
+    """Every load steps by 0 or 1 element along `axis` (so vector loads, not gathers, serve it)."""
+    for ld in _loads(s, s.stage(name).op.body):
+        *outer, last = ld.indices
+        if any(axis in te.free_vars(i) for i in outer):
+            return False
+        terms, _ = linear(last)
+        for atom, k in terms.items():
+            if axis in te.free_vars(atom) and not (isinstance(atom, te.Var) and k == 1):
+                return False
+    return True
+
+
+def _elementwise(s: State, name: str) -> State:
+    """Vectorize the contiguous axis, parallelize the fused outer ones."""
+    op = s.stage(name).op
+    names = [a.name for a in op.axes]
+    if not names:
+        return s
+    last = op.axes[-1]
+    lanes = _lanes(last.extent) if last.extent > 1 and _contiguous(s, name, last.name) else 1
+    if lanes > 1:
+        s = s.split(name, last.name, [lanes])
+        s = s.annotate(name, f"{last.name}.1", "vectorize")
+        outer = names[:-1] + [f"{last.name}.0"]
+    else:
+        outer = names[:-1]
+    return _parallel(s, name, [n for n in outer if s.stage(name).iters[s.stage(name).iter_index(n)].extent >= 1])
+
+
+def _reduction(s: State, name: str) -> State:
+    """Reductions without reuse: spatial outer loops parallel; reduction loops outside a vectorized last axis."""
+    op = s.stage(name).op
+    names = [a.name for a in op.axes]
+    reduce_names = [r.name for r in op.reduce_axes]
+    if names and op.axes[-1].extent >= 4 and _contiguous(s, name, op.axes[-1].name):
+        last = op.axes[-1]
+        lanes = _lanes(last.extent)
+        s = s.split(name, last.name, [lanes])
+        outer = names[:-1] + [f"{last.name}.0"]
+        s = s.reorder(name, outer + reduce_names + [f"{last.name}.1"])
+        s = s.annotate(name, f"{last.name}.1", "vectorize")
+        return _parallel(s, name, outer)
+    return _parallel(s, name, names)
