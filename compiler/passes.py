@@ -1,0 +1,293 @@
+"""Graph passes: pure Graph -> Graph functions in one ordered list, then fusion into tasks and memory planning.
+
+Fusion follows TVM's FuseOps op patterns: an anchor (conv, matmul, pooling) absorbs the chain of elementwise and
+broadcast ops after it; chains of injective ops fuse with each other and into a reduction that reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from compiler.graph import Graph, Node, TensorType, Value, toposort
+
+# op patterns, weakest first (TVM's OpPatternKind)
+ELEMWISE, BROADCAST, INJECTIVE, REDUCE, ANCHOR, OPAQUE = range(6)
+_UNARY = (
+    "Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Exp Log Sqrt Reciprocal Neg Abs Floor Ceil Round"
+    " Sign Not Cast Clip Elu Selu Softplus Sin Cos Identity Dropout"
+)
+_BINARY = "Add Sub Mul Div Pow Max Min Equal Less Greater LessOrEqual GreaterOrEqual Where And Or Mod PRelu Sum Mean"
+_INJECTIVE = "Reshape Flatten Transpose Concat Split Slice Squeeze Unsqueeze Gather Expand Tile Pad Resize"
+_REDUCE = "ReduceMean ReduceSum ReduceMax ReduceMin"
+_ANCHOR = "Conv ConvTranspose MatMul Gemm Dense MaxPool AveragePool GlobalAveragePool GlobalMaxPool"
+PATTERNS: dict[str, int] = {
+    **dict.fromkeys(_UNARY.split(), ELEMWISE),
+    **dict.fromkeys(_BINARY.split(), BROADCAST),
+    **dict.fromkeys(_INJECTIVE.split(), INJECTIVE),
+    **dict.fromkeys(_REDUCE.split(), REDUCE),
+    **dict.fromkeys(_ANCHOR.split(), ANCHOR),
+}  # anything else (Softmax, LayerNormalization, BatchNormalization, …) is OPAQUE: a task of its own
+MAX_GROUP = 32  # nodes per fused group, so one task never grows without bound
+
+
+def pattern(node: Node) -> int:
+    return PATTERNS.get(node.op, OPAQUE)
+
+
+# ---------------------------------------------------------------------------------------------- simplification
+
+
+def _rewire(g: Graph, mapping: dict[int, Value], nodes: list[Node]) -> Graph:
+    """The graph with `nodes`, every input in `mapping` (by id) replaced."""
+
+    def sub(v):
+        while v is not None and id(v) in mapping:
+            v = mapping[id(v)]
+        return v
+
+    new_nodes = [replace(n, inputs=tuple(sub(v) for v in n.inputs)) for n in nodes]
+    outputs = [sub(v) for v in g.outputs]
+    return Graph(g.inputs, outputs, toposort(new_nodes), g.name)
+
+
+def remove_identity(g: Graph) -> Graph:
+    """Identity and (inference) Dropout forward their input; a graph output keeps its own name via a copy."""
+    mapping: dict[int, Value] = {}
+    keep = []
+    outputs = {id(v) for v in g.outputs}
+    for n in g.nodes:
+        if n.op in ("Identity", "Dropout") and id(n.outputs[0]) not in outputs:
+            mapping[id(n.outputs[0])] = n.inputs[0]
+            if len(n.outputs) > 1 and n.outputs[1] is not None:
+                keep.append(n)  # Dropout's mask output is used: leave it alone
+                del mapping[id(n.outputs[0])]
+        else:
+            keep.append(n)
+    return _rewire(g, mapping, keep)
+
+
+def fold_batchnorm(g: Graph) -> Graph:
+    """Conv followed by BatchNormalization with constant statistics becomes one Conv with rescaled weights."""
+    consumers = g.consumers()
+    producers = g.producers()
+    mapping: dict[int, Value] = {}
+    drop: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for bn in g.nodes:
+        if bn.op != "BatchNormalization" or any(v is None or v.const is None for v in bn.inputs[1:5]):
+            continue
+        conv = producers.get(id(bn.inputs[0]))
+        if conv is None or conv.op != "Conv" or len(consumers.get(id(conv.outputs[0]), [])) != 1:
+            continue
+        w = conv.inputs[1]
+        if (
+            w is None
+            or w.const is None
+            or (len(conv.inputs) > 2 and conv.inputs[2] is not None and conv.inputs[2].const is None)
+        ):
+            continue
+        scale, shift, mean, var = (v.const.astype(np.float64) for v in bn.inputs[1:5])
+        k = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        bias = conv.inputs[2].const.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0.0
+        dt = w.const.dtype
+        new_w = Value(f"{w.name}_bn", w.type, (w.const * k.reshape(-1, 1, 1, 1)).astype(dt))
+        b_type = TensorType((w.shape[0],), w.dtype)
+        new_b = Value(f"{bn.outputs[0].name}_bias", b_type, ((bias - mean) * k + shift).astype(dt))
+        replaced[id(conv)] = replace(conv, inputs=(conv.inputs[0], new_w, new_b), outputs=(bn.outputs[0],))
+        drop.add(id(bn))
+    nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in drop]
+    return _rewire(g, mapping, nodes)
+
+
+def gemm_to_matmul(g: Graph) -> Graph:
+    """Gemm with a constant B becomes MatMul with the weight laid out K x N at compile time (+ Add of C): the
+    layout the vectorized inner loop wants, paid once instead of at every run."""
+    nodes = []
+    for n in g.nodes:
+        a, b = n.inputs[0], n.inputs[1] if len(n.inputs) > 1 else None
+        if n.op != "Gemm" or b is None or b.const is None or n.attrs.get("transA", 0):
+            nodes.append(n)
+            continue
+        w = b.const.T if n.attrs.get("transB", 0) else b.const
+        w = np.ascontiguousarray(w * np.asarray(n.attrs.get("alpha", 1.0), w.dtype))
+        weight = Value(f"{b.name}_kn", TensorType(w.shape, b.dtype), w)
+        c = n.inputs[2] if len(n.inputs) > 2 else None
+        if c is None:
+            nodes.append(Node("MatMul", (a, weight), n.outputs, {}, n.name))
+            continue
+        mm = Value(f"{n.outputs[0].name}_mm", n.outputs[0].type)
+        beta = n.attrs.get("beta", 1.0)
+        if beta != 1.0:
+            if c.const is None:
+                nodes.append(n)
+                continue
+            c = Value(f"{c.name}_beta", c.type, (c.const * np.asarray(beta, c.const.dtype)).astype(c.const.dtype))
+        nodes += [Node("MatMul", (a, weight), (mm,), {}, n.name), Node("Add", (mm, c), n.outputs, {}, f"{n.name}_bias")]
+    return Graph(g.inputs, g.outputs, toposort(nodes), g.name)
+
+
+PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("remove_identity", remove_identity),
+    ("fold_batchnorm", fold_batchnorm),
+    ("gemm_to_matmul", gemm_to_matmul),
+]
+
+
+def optimize(g: Graph) -> Graph:
+    """Run PASSES in order."""
+    for _, fn in PASSES:
+        g = fn(g)
+    return g
+
+
+# ---------------------------------------------------------------------------------------------- fusion
+
+
+@dataclass
+class Group:
+    """Nodes that become one kernel: `inputs` come from outside (graph inputs, constants, other groups)."""
+
+    nodes: list[Node]
+    inputs: list[Value]
+    outputs: list[Value]
+
+    @property
+    def pattern(self) -> int:
+        return max(pattern(n) for n in self.nodes)
+
+
+def fuse(g: Graph) -> list[Group]:
+    """Partition the nodes into fused groups, in execution order."""
+    consumers = g.consumers()
+    producers = g.producers()
+    graph_outputs = {id(v) for v in g.outputs}
+    group_of: dict[int, int] = {id(n): i for i, n in enumerate(g.nodes)}
+    members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(g.nodes)}
+
+    def kind(gid: int) -> int:
+        return max(pattern(n) for n in members[gid])
+
+    def merge(a: int, b: int) -> None:
+        for n in members.pop(b):
+            group_of[id(n)] = a
+            members[a].append(n)
+
+    for node in g.nodes:
+        me = group_of[id(node)]
+        for v in node.inputs:
+            p = producers.get(id(v)) if v is not None else None
+            if p is None:
+                continue
+            pg = group_of[id(p)]
+            if pg == me or len(members[pg]) + len(members[me]) > MAX_GROUP:
+                continue
+            # the producer's value must be needed only here, so the fused kernel can keep it in registers
+            if len(consumers.get(id(v), [])) != 1 or id(v) in graph_outputs or len(p.outputs) != 1:
+                continue
+            pk, mk = kind(pg), pattern(node)
+            absorb = pk in (ANCHOR, REDUCE) and mk <= BROADCAST  # conv/matmul/reduce takes its elementwise consumer
+            forward = pk <= INJECTIVE and mk <= REDUCE  # injective chains fuse into what reads them
+            if not (absorb or forward) or (pk >= REDUCE and kind(me) >= REDUCE):
+                continue  # at most one anchor or reduction per kernel; opaque ops stay alone
+            merge(pg, me)
+            me = pg
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    groups = []
+    for nodes in members.values():
+        nodes.sort(key=lambda n: order[id(n)])
+        inside = {id(n) for n in nodes}
+        produced = {id(o) for n in nodes for o in n.outputs}
+        ins = list({id(v): v for n in nodes for v in n.inputs if v is not None and id(v) not in produced}.values())
+        outs = [
+            o
+            for n in nodes
+            for o in n.outputs
+            if id(o) in graph_outputs or any(id(c) not in inside for c in consumers.get(id(o), []))
+        ]
+        groups.append(Group(nodes, ins, outs))
+    ordered = _order_groups(groups)
+    if ordered is None:  # fusion made two groups depend on each other: run every node on its own instead
+        return [Group([n], [v for v in n.inputs if v is not None], list(n.outputs)) for n in g.nodes]
+    return ordered
+
+
+def _order_groups(groups: list[Group]) -> list[Group] | None:
+    """Groups in dependency order, or None if they form a cycle."""
+    maker = {id(o): i for i, grp in enumerate(groups) for n in grp.nodes for o in n.outputs}
+    deps = [{maker[id(v)] for v in grp.inputs if id(v) in maker} for grp in groups]
+    state = [0] * len(groups)  # 0 new, 1 visiting, 2 done
+    out: list[Group] = []
+
+    def visit(i: int) -> bool:
+        stack = [(i, iter(sorted(deps[i])))]
+        state[i] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                out.append(groups[node])
+                stack.pop()
+            elif state[nxt] == 1:
+                return False
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, iter(sorted(deps[nxt]))))
+        return True
+
+    for i in range(len(groups)):
+        if state[i] == 0 and not visit(i):
+            return None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def plan_memory(groups: list[Group], keep: set[int], align: int = 64) -> tuple[dict[int, int], int]:
+    """Workspace offsets (by value id) for values passed between groups, reusing memory once a value is dead.
+
+    `keep` lists values that live elsewhere (graph inputs, outputs, constants). Greedy first fit over execution
+    order. Returns (offsets, workspace size in bytes).
+    """
+    last_use: dict[int, int] = {}
+    for i, grp in enumerate(groups):
+        for v in grp.inputs:
+            last_use[id(v)] = i
+    free: list[tuple[int, int]] = []  # (offset, size)
+    live: dict[int, tuple[int, int, int]] = {}  # value id -> (offset, size, last use)
+    offsets: dict[int, int] = {}
+    top = 0
+    for i, grp in enumerate(groups):
+        for vid, (off, size, last) in list(live.items()):
+            if last < i:
+                free.append((off, size))
+                del live[vid]
+        free = _coalesce(free)
+        for v in grp.outputs:
+            if id(v) in keep:
+                continue
+            size = -(-int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize // align) * align
+            slot = next((k for k, (_, s) in enumerate(free) if s >= size), None)
+            if slot is None:
+                off, top = top, top + size
+            else:
+                off, s = free.pop(slot)
+                if s > size:
+                    free.append((off + size, s - size))
+            offsets[id(v)] = off
+            live[id(v)] = (off, size, last_use.get(id(v), i))
+    return offsets, top
+
+
+def _coalesce(free: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for off, size in sorted(free):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((off, size))
+    return out

@@ -1,0 +1,127 @@
+"""Graph passes: identity removal, BatchNorm folding, Gemm canonicalization, fusion groups, memory planning."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.graph import Graph, Node, TensorType, Value
+from compiler.passes import (
+    ANCHOR,
+    fold_batchnorm,
+    fuse,
+    gemm_to_matmul,
+    optimize,
+    plan_memory,
+    remove_identity,
+)
+
+
+def val(name, shape, const=None, dtype="float32"):
+    return Value(name, TensorType(tuple(shape), dtype), const)
+
+
+def conv_graph(rng, with_bn=True):
+    x = val("x", (1, 3, 8, 8))
+    w = val("w", (4, 3, 3, 3), rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    b = val("b", (4,), rng.standard_normal(4).astype(np.float32))
+    c, y, r = val("c", (1, 4, 8, 8)), val("y", (1, 4, 8, 8)), val("r", (1, 4, 8, 8))
+    conv_attrs = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1, "kernel_shape": [3, 3]}
+    nodes = [Node("Conv", (x, w, b), (c,), conv_attrs, "conv")]
+    if with_bn:
+        stats = [val(n, (4,), rng.random(4).astype(np.float32) + 0.5) for n in ("scale", "shift", "mean", "var")]
+        nodes.append(Node("BatchNormalization", (c, *stats), (y,), {"epsilon": 1e-5}, "bn"))
+    else:
+        y = c
+    nodes.append(Node("Relu", (y,), (r,), {}, "relu"))
+    return Graph([x], [r], nodes)
+
+
+def reference_conv(x, w, b):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((1, w.shape[0], 8, 8))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i : i + 8, j : j + 8], w[:, :, i, j])
+    return out + b[None, :, None, None]
+
+
+def test_fold_batchnorm_rescales_conv_and_keeps_numerics():
+    rng = np.random.default_rng(0)
+    g = conv_graph(rng)
+    folded = fold_batchnorm(g)
+    assert [n.op for n in folded.nodes] == ["Conv", "Relu"]
+    conv, bn = g.nodes[0], g.nodes[1]
+    x = rng.standard_normal((1, 3, 8, 8))
+    scale, shift, mean, var = (v.const.astype(np.float64) for v in bn.inputs[1:])
+    y = reference_conv(x, conv.inputs[1].const, conv.inputs[2].const)
+    want = (y - mean[None, :, None, None]) / np.sqrt(var + 1e-5)[None, :, None, None] * scale[None, :, None, None]
+    want += shift[None, :, None, None]
+    new = folded.nodes[0]
+    got = reference_conv(x, new.inputs[1].const, new.inputs[2].const)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert folded.outputs[0] is g.outputs[0]
+
+
+def test_remove_identity_rewires_but_keeps_graph_outputs():
+    x, a, b = val("x", (4,)), val("a", (4,)), val("b", (4,))
+    g = Graph([x], [b], [Node("Identity", (x,), (a,)), Node("Relu", (a,), (b,))])
+    out = remove_identity(g)
+    assert [n.op for n in out.nodes] == ["Relu"] and out.nodes[0].inputs[0] is x
+    g2 = Graph([x], [a], [Node("Identity", (x,), (a,))])
+    assert [n.op for n in remove_identity(g2).nodes] == ["Identity"]
+
+
+def test_gemm_with_constant_transposed_weight_becomes_matmul_add():
+    rng = np.random.default_rng(0)
+    x, y = val("x", (2, 5)), val("y", (2, 3))
+    w = val("w", (3, 5), rng.standard_normal((3, 5)).astype(np.float32))
+    c = val("c", (3,), rng.standard_normal(3).astype(np.float32))
+    g = Graph([x], [y], [Node("Gemm", (x, w, c), (y,), {"alpha": 2.0, "beta": 0.5, "transA": 0, "transB": 1})])
+    out = gemm_to_matmul(g)
+    assert [n.op for n in out.nodes] == ["MatMul", "Add"]
+    mm, add = out.nodes
+    xs = rng.standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_allclose(
+        xs @ mm.inputs[1].const + add.inputs[1].const, 2.0 * xs @ w.const.T + 0.5 * c.const, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_fusion_anchor_absorbs_elementwise_chain_and_injective_chains_fuse():
+    rng = np.random.default_rng(0)
+    g = optimize(conv_graph(rng))
+    groups = fuse(g)
+    assert len(groups) == 1 and [n.op for n in groups[0].nodes] == ["Conv", "Relu"]
+    assert groups[0].pattern == ANCHOR and groups[0].outputs == g.outputs
+    # relu -> reshape -> transpose -> matmul: the injective chain fuses with relu; matmul stays its own anchor
+    x, r, s, t, o = val("x", (2, 6)), val("r", (2, 6)), val("s", (3, 4)), val("t", (4, 3)), val("o", (4, 5))
+    w = val("w", (3, 5), np.ones((3, 5), np.float32))
+    nodes = [
+        Node("Relu", (x,), (r,)),
+        Node("Reshape", (r,), (s,), {"shape": [3, 4]}),
+        Node("Transpose", (s,), (t,), {"perm": [1, 0]}),
+        Node("MatMul", (t, w), (o,)),
+    ]
+    groups = fuse(Graph([x], [o], nodes))
+    assert [[n.op for n in grp.nodes] for grp in groups] == [["Relu", "Reshape", "Transpose"], ["MatMul"]]
+
+
+def test_value_with_two_consumers_is_not_fused_and_groups_come_in_dependency_order():
+    x, a, b, c, d = (val(n, (8,)) for n in "xabcd")
+    nodes = [Node("Exp", (x,), (a,)), Node("Relu", (a,), (b,)), Node("Neg", (a,), (c,)), Node("Add", (b, c), (d,))]
+    groups = fuse(Graph([x], [d], nodes))
+    assert [[n.op for n in grp.nodes] for grp in groups][0] == ["Exp"]
+    seen = {id(x)}
+    for grp in groups:
+        assert all(id(v) in seen for v in grp.inputs)
+        seen |= {id(o) for n in grp.nodes for o in n.outputs}
+
+
+def test_memory_plan_reuses_dead_buffers():
+    vals = [val(f"v{i}", (256,)) for i in range(5)]  # 1 KiB each
+    nodes = [Node("Exp", (vals[i],), (vals[i + 1],)) for i in range(4)]
+    g = Graph([vals[0]], [vals[4]], nodes)
+    groups = [type(fuse(g)[0])([n], list(n.inputs), list(n.outputs)) for n in nodes]  # no fusion: 4 kernels
+    offsets, size = plan_memory(groups, keep={id(vals[0]), id(vals[4])})
+    assert set(offsets) == {id(v) for v in vals[1:4]}
+    assert size == 2 * 1024  # a chain needs two live buffers at a time, not three
+    assert offsets[id(vals[1])] == offsets[id(vals[3])]
