@@ -190,15 +190,17 @@ def compile_funcs(funcs, target: Target | None = None) -> Kernels:
     return Kernels(funcs, engine, time.perf_counter() - t0)
 
 
-def emit_shared_library(funcs, path, target: Target | None = None) -> Path:
-    """Compile to a position-independent object and link it with libgomp and libm into a shared library."""
+def emit_shared_library(funcs, path, target: Target | None = None, extra_sources=()) -> Path:
+    """Compile to a position-independent object and link it with libgomp and libm into a shared library;
+    `extra_sources` (C or assembler files) are compiled into the same library."""
     path = Path(path)
     _, mod, tm = _build(funcs, target, pic=True)
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernels.o"
         obj.write_bytes(tm.emit_object(mod))
         libs = ["-lgomp", "-lm"] + (["-lmvec"] if _libmvec() else [])
-        cmd = [os.environ.get("CC", "cc"), "-shared", "-o", str(path), str(obj), *libs]
+        extra = [str(x) for x in extra_sources]
+        cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(path), *extra, str(obj), *libs]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as err:
