@@ -1,0 +1,114 @@
+"""Task extraction: each fused group of the optimized graph becomes a ComputeDAG; identical ones are one task.
+
+The model's execution plan is a list of `Call`s, one per group in dependency order, each naming its task and the
+graph values it reads and writes in the order of the task's kernel parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from compiler import ops, te
+from compiler.dag import ComputeDAG
+from compiler.errors import UnsupportedOp
+from compiler.graph import Graph, Value
+from compiler.passes import Group, fuse, optimize
+
+
+@dataclass
+class Task:
+    """One distinct kernel to compile (and tune): `weight` is how many times the model calls it."""
+
+    key: str
+    dag: ComputeDAG
+    name: str
+    weight: int = 1
+
+    @property
+    def flop_count(self) -> int:
+        return self.dag.flop_count
+
+
+@dataclass
+class Call:
+    task: Task
+    args: list[Value]  # the kernel's parameters: the DAG's inputs, then its outputs
+
+
+def _ident(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name) or "v"
+    out, k = base, 0
+    while out in taken:
+        k += 1
+        out = f"{base}_{k}"
+    taken.add(out)
+    return out
+
+
+def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
+    """The group's computation as a ComputeDAG, and the values bound to its parameters."""
+    missing = sorted({n.op for n in group.nodes if n.op not in ops.OPS})
+    if missing:
+        raise UnsupportedOp({op: [n.name for n in group.nodes if n.op == op] for op in missing})
+    taken: set[str] = set()
+    tensors: dict[int, te.Tensor] = {}
+    for v in group.inputs:
+        tensors[id(v)] = te.placeholder(v.shape, v.dtype, _ident(v.name, taken))
+    for node in group.nodes:
+        prefix = _ident(node.name or node.op.lower(), taken)
+        ins = [tensors[id(v)] if v is not None else None for v in node.inputs]
+        outs = ops.OPS[node.op](ins, node.attrs, prefix)
+        for v, t in zip(node.outputs, outs):
+            tensors[id(v)] = t
+    outputs = []
+    for v in group.outputs:
+        t = tensors[id(v)]
+        if not isinstance(t.op, te.ComputeOp) or t in outputs:
+            # an output that is an input (Identity-like ops) or listed twice still needs its own buffer
+            t = te.compute(t.shape, lambda *i, t=t: t[i], name=_ident(f"{v.name}_copy", taken))
+        outputs.append(t)
+    read = {id(t) for t in _reachable(outputs)}
+    inputs = [(v, tensors[id(v)]) for v in group.inputs if id(tensors[id(v)]) in read]
+    dag = ComputeDAG([t for _, t in inputs] + outputs)
+    by_name = {t.name: v for v, t in inputs}
+    return dag, [by_name[n] for n in dag.inputs] + list(group.outputs)
+
+
+def _reachable(outputs: list[te.Tensor]) -> list[te.Tensor]:
+    seen: dict[int, te.Tensor] = {}
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if id(t) not in seen:
+            seen[id(t)] = t
+            if isinstance(t.op, te.ComputeOp):
+                stack.extend(t.op.inputs)
+    return list(seen.values())
+
+
+def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:
+    """Optimize and fuse the graph; returns the distinct tasks, the call plan and the optimized graph."""
+    optimized = optimize(graph)
+    unsupported: dict[str, list[str]] = {}
+    for n in optimized.nodes:
+        if n.op not in ops.OPS:
+            unsupported.setdefault(n.op, []).append(n.name)
+    if unsupported:
+        raise UnsupportedOp(unsupported)
+    tasks: dict[str, Task] = {}
+    calls: list[Call] = []
+    for group in fuse(optimized):
+        dag, args = group_dag(group)
+        key = dag.workload_key
+        if key in tasks:
+            tasks[key].weight += 1
+        else:
+            tasks[key] = Task(key, dag, _task_name(group))
+        calls.append(Call(tasks[key], args))
+    return list(tasks.values()), calls, optimized
+
+
+def _task_name(group: Group) -> str:
+    ops_in = "_".join(dict.fromkeys(n.op.lower() for n in group.nodes))
+    return f"fused_{ops_in}"[:60]
