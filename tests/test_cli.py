@@ -65,3 +65,31 @@ def test_unreadable_schedule_is_a_message(tmp_path):
         with pytest.raises(SystemExit, match="error: "):
             main(["kernel", "gemm", "--shape", "16,16,16", "--schedule", str(path)])
         path.unlink(missing_ok=True)
+
+
+def test_compile_inspect_run_an_onnx_model(tmp_path, capsys):
+    import onnx
+
+    from tests.test_runtime import small_cnn
+
+    model, art, out = tmp_path / "small.onnx", tmp_path / "small.tar", tmp_path / "out.npz"
+    onnx.save(small_cnn(), model)
+    assert main(["inspect", str(model)]) == 0
+    text = capsys.readouterr().out
+    assert "fused_conv_relu" in text and "workload key" in text
+    assert main(["compile", str(model), "--input-shapes", "x:[3,3,8,8]", "-o", str(art)]) == 0
+    assert main(["run", str(art), "-o", str(out), "--repeat", "3", "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "median latency" in text and "tf_fused_conv_relu" in text
+    assert np.load(out)["probs"].shape == (3, 10)
+
+
+def test_compile_errors_are_messages(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit, match="no such model"):
+        main(["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "m.tar")])
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    assert main(["compile", str(bad), "-o", str(tmp_path / "m.tar")]) == 2
+    assert "error:" in capsys.readouterr().err

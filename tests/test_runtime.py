@@ -15,9 +15,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.build import build
 from compiler.errors import UnsupportedOp
 from compiler.onnx_frontend import load
-from compiler.runtime import Artifact, ArtifactError, build
+from compiler.runtime import Artifact, ArtifactError
 
 
 def small_cnn() -> onnx.ModelProto:

@@ -102,6 +102,92 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_model(path: str, shapes: str | None):
+    from compiler.onnx_frontend import load, parse_input_shapes
+
+    if not Path(path).exists():
+        raise SystemExit(f"error: no such model file: {path}")
+    return load(path, parse_input_shapes(shapes) if shapes else None)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
+    from compiler.build import build
+
+    if args.target not in ("llvm", "cpu", "host"):
+        raise SystemExit(f"error: target {args.target!r} is not supported yet; use 'llvm' (this host's CPU)")
+    t = time.perf_counter()
+    graph = _load_model(args.model, args.input_shapes)
+    name = Path(args.output).stem.replace("-", "_") or "model"
+    info = build(graph, args.output, name=name)
+    print(
+        f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks, {len(info.calls)} kernel calls, "
+        f"{time.perf_counter() - t:.1f} s"
+    )
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an artifact on inputs from an .npz file (random inputs if none), optionally timing it."""
+    from compiler.runtime import Artifact
+
+    art = Artifact.load(args.artifact)
+    if args.inputs:
+        with np.load(args.inputs) as data:
+            inputs = {k: data[k] for k in data.files}
+    else:
+        rng = np.random.default_rng(0)
+        inputs = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.meta["inputs"]}
+    outputs = art.run(inputs)
+    for name, a in outputs.items():
+        print(f"{name}: {a.dtype}{list(a.shape)}  mean {float(np.mean(a)):.6g}  max {float(np.max(a)):.6g}")
+    if args.output:
+        np.savez(args.output, **outputs)
+    if args.repeat:
+        times = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            art.run(inputs)
+            times.append(time.perf_counter() - t)
+        print(f"median latency {statistics.median(times) * 1e3:.3f} ms over {args.repeat} runs")
+    if args.profile:
+        rows = art.profile(inputs)
+        total = sum(r["seconds"] for r in rows)
+        for r in sorted(rows, key=lambda r: -r["seconds"]):
+            print(f"{r['seconds'] * 1e3:9.3f} ms {100 * r['seconds'] / total:5.1f}%  {r['kernel']}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Print a model's operators and the tasks it compiles to (FLOPs, weights, workload keys)."""
+    from collections import Counter
+
+    from compiler.tasks import extract_tasks
+
+    graph = _load_model(args.model, args.input_shapes)
+    print(f"{args.model}: inputs {[f'{v.name}{list(v.shape)}' for v in graph.inputs]}, {len(graph.nodes)} nodes")
+    print("ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op for n in graph.nodes).most_common()))
+    tasks, calls, _ = extract_tasks(graph)
+    print(
+        f"{len(tasks)} tasks ({len(calls)} kernel calls), {sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
+    )
+    print(f"{'ID':>3} {'workload key':32} {'weight':>6} {'MFLOP':>10}  name")
+    for i, t in enumerate(tasks):
+        print(f"{i:3d} {t.key} {t.weight:6d} {t.flop_count / 1e6:10.2f}  {t.name}")
+    return 0
+
+
+def cmd_example(args: argparse.Namespace) -> int:
+    """Write a ready-made ONNX model (random weights) to try tilefarm with, no download needed."""
+    from compiler import examples
+
+    if args.name not in examples.EXAMPLES:
+        raise SystemExit(f"error: unknown example {args.name!r}; choose from {', '.join(examples.EXAMPLES)}")
+    examples.save(args.name, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tilefarm", description="a deep-learning compiler with an auto-scheduler")
     sub = p.add_subparsers(dest="command", required=True)
@@ -113,9 +199,33 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--repeat", type=int, default=10)
     k.add_argument("--save-steps", help="write the schedule's step records (JSON) here")
     k.add_argument("--emit-lib", help="also link the kernel into this shared library")
+    c = sub.add_parser("compile", help=cmd_compile.__doc__)
+    c.add_argument("model")
+    c.add_argument("--input-shapes", help='fix symbolic dims, e.g. "input:[1,3,224,224],mask:[1,128]"')
+    c.add_argument("--target", default="llvm", help="code generation target (this host's CPU: llvm)")
+    c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
+    r = sub.add_parser("run", help=cmd_run.__doc__)
+    r.add_argument("artifact")
+    r.add_argument("--inputs", help=".npz with one array per model input (default: random)")
+    r.add_argument("-o", "--output", help="write outputs to this .npz")
+    r.add_argument("--repeat", type=int, default=0, help="time this many runs and print the median")
+    r.add_argument("--profile", action="store_true", help="time every kernel call")
+    i = sub.add_parser("inspect", help=cmd_inspect.__doc__)
+    i.add_argument("model")
+    i.add_argument("--input-shapes")
+    e = sub.add_parser("example", help=cmd_example.__doc__)
+    e.add_argument("name")
+    e.add_argument("-o", "--output", required=True)
     args = p.parse_args(argv)
+    commands = {
+        "kernel": cmd_kernel,
+        "compile": cmd_compile,
+        "run": cmd_run,
+        "inspect": cmd_inspect,
+        "example": cmd_example,
+    }
     try:
-        return {"kernel": cmd_kernel}[args.command](args)
+        return commands[args.command](args)
     except TilefarmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

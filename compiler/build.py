@@ -1,0 +1,196 @@
+"""Building artifacts: graph -> tasks -> scheduled kernels -> one shared library with an AOT entry point, the
+weights embedded, a C header and meta.json, packed into a .tar (loaded by `compiler.runtime`)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from compiler import codegen
+from compiler.default_schedule import default_schedule
+from compiler.graph import Graph, Value
+from compiler.lower import lower
+from compiler.passes import Group, plan_memory
+from compiler.target import Target
+from compiler.tasks import Call, Task, extract_tasks
+
+ALIGN = 64
+
+
+@dataclass
+class BuildInfo:
+    tasks: list[Task]
+    calls: list[Call]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _kernel_name(task: Task) -> str:
+    return f"tf_{task.name}_{task.key[:8]}"
+
+
+def _nbytes(v: Value) -> int:
+    return int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+
+
+def _entry_source(
+    graph: Graph, calls: list[Call], params: dict[int, int], offsets: dict[int, int], workspace: int
+) -> str:
+    """C for the AOT entry point: every kernel call in order, with pointers into inputs/outputs/params/workspace."""
+    inputs = {id(v): i for i, v in enumerate(graph.inputs)}
+    outputs = {id(v): i for i, v in enumerate(graph.outputs)}
+
+    def ptr(v: Value) -> str:
+        if id(v) in outputs:
+            return f"outputs[{outputs[id(v)]}]"
+        if id(v) in inputs:
+            return f"inputs[{inputs[id(v)]}]"
+        if id(v) in params:
+            return f"(void*)(tilefarm_params + {params[id(v)]})"
+        return f"(void*)(ws + {offsets[id(v)]})"
+
+    kernels = sorted({_kernel_name(c.task): len(c.args) for c in calls}.items())
+    lines = [
+        "#include <stddef.h>",
+        "#include <stdint.h>",
+        "#include <string.h>",
+        "extern const unsigned char tilefarm_params[];",
+    ]
+    lines += [f"void {name}({', '.join(['void*'] * n)});" for name, n in kernels]
+    lines += [
+        f"size_t tilefarm_workspace_bytes(void) {{ return {workspace}; }}",
+        "int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace) {",
+        "    unsigned char* ws = (unsigned char*)workspace;",
+        "    (void)ws; (void)inputs;",
+    ]
+    for c in calls:
+        lines.append(f"    {_kernel_name(c.task)}({', '.join(ptr(v) for v in c.args)});")
+    written = {id(v) for c in calls for v in c.args[len(c.task.dag.inputs) :]}
+    for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
+        if id(v) not in written and (id(v) in inputs or id(v) in params):
+            src = f"inputs[{inputs[id(v)]}]" if id(v) in inputs else ptr(v)
+            lines.append(f"    memcpy(outputs[{i}], {src}, {_nbytes(v)});")
+    lines += ["    return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _where(v: Value, graph: Graph, params: dict[int, int], offsets: dict[int, int]) -> list:
+    """Where a kernel argument lives, for profiling calls one by one: [kind, index or byte offset]."""
+    for kind, vs in (("output", graph.outputs), ("input", graph.inputs)):
+        for i, x in enumerate(vs):
+            if x is v:
+                return [kind, i]
+    return ["param", params[id(v)]] if id(v) in params else ["workspace", offsets[id(v)]]
+
+
+def _header(graph: Graph, name: str) -> str:
+    def describe(vs: list[Value]) -> str:
+        return "\n".join(f" *   [{i}] {v.name}: {v.dtype}[{', '.join(map(str, v.shape))}]" for i, v in enumerate(vs))
+
+    return f"""/* tilefarm artifact {name}: run the whole model with one call.
+ * inputs (C-contiguous, in this order):
+{describe(graph.inputs)}
+ * outputs:
+{describe(graph.outputs)}
+ * workspace: tilefarm_workspace_bytes() bytes, 64-byte aligned, reusable across calls (not concurrently).
+ * threads: set tilefarm_num_threads before calling (0 = all cores). Returns 0 on success. */
+#ifndef TILEFARM_{name.upper()}_H
+#define TILEFARM_{name.upper()}_H
+#include <stddef.h>
+#ifdef __cplusplus
+extern "C" {{
+#endif
+extern int tilefarm_num_threads;
+size_t tilefarm_workspace_bytes(void);
+int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace);
+#ifdef __cplusplus
+}}
+#endif
+#endif
+"""
+
+
+def build(graph: Graph, path: str | Path, name: str = "model", records: dict | None = None) -> BuildInfo:
+    """Compile `graph` into the artifact at `path` (a .tar); `records` maps workload key -> State to use."""
+    t0 = time.perf_counter()
+    tasks, calls, optimized = extract_tasks(graph)
+    t1 = time.perf_counter()
+    records = records or {}
+    funcs = [lower(records.get(t.key) or default_schedule(t.dag), _kernel_name(t)) for t in tasks]
+    t2 = time.perf_counter()
+    consts = {id(v): v for c in calls for v in c.args if v.const is not None}
+    blob, params = io.BytesIO(), {}
+    for vid, v in consts.items():
+        blob.write(b"\0" * (-blob.tell() % ALIGN))
+        params[vid] = blob.tell()
+        blob.write(np.ascontiguousarray(v.const, dtype=v.dtype).tobytes())
+    keep = {id(v) for v in optimized.inputs} | {id(v) for v in optimized.outputs} | set(params)
+    groups = [Group([], list(c.args[: len(c.task.dag.inputs)]), list(c.args[len(c.task.dag.inputs) :])) for c in calls]
+    offsets, workspace = plan_memory(groups, keep)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "params.bin").write_bytes(blob.getvalue() or b"\0")
+        (tmp / "params.S").write_text(
+            '.section .rodata\n.balign 64\n.globl tilefarm_params\ntilefarm_params:\n.incbin "params.bin"\n'
+            '.section .note.GNU-stack,"",@progbits\n'
+        )
+        (tmp / "entry.c").write_text(_entry_source(optimized, calls, params, offsets, workspace))
+        cwd = os.getcwd()
+        os.chdir(tmp)  # .incbin resolves params.bin relative to the assembler's working directory
+        try:
+            codegen.emit_shared_library(funcs, tmp / f"{name}.so", extra_sources=[tmp / "entry.c", tmp / "params.S"])
+        finally:
+            os.chdir(cwd)
+        t3 = time.perf_counter()
+        (tmp / f"{name}.h").write_text(_header(optimized, name))
+        files = [f"{name}.so", f"{name}.h"]
+        target = Target.host()
+        meta = {
+            "name": name,
+            "format": 1,
+            "library": f"{name}.so",
+            "header": f"{name}.h",
+            "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.inputs],
+            "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.outputs],
+            "workspace_bytes": workspace,
+            "params_bytes": len(blob.getvalue()),
+            "target": {"kind": target.kind, "mcpu": target.mcpu, "features": target.features},
+            "host": target.fingerprint(),
+            "tasks": [
+                {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in records}
+                for t in tasks
+            ],
+            "records": [t.key for t in tasks if t.key in records],
+            "calls": [
+                {
+                    "kernel": _kernel_name(c.task),
+                    "task": c.task.key,
+                    "args": [_where(v, optimized, params, offsets) for v in c.args],
+                }
+                for c in calls
+            ],
+            "sha256": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files},
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        with tarfile.open(path, "w") as tar:
+            for f in ["meta.json", *files]:
+                tar.add(tmp / f, arcname=f)
+    return BuildInfo(tasks, calls, {"extract": t1 - t0, "lower": t2 - t1, "codegen": t3 - t2})
+
+
+def compile_model(
+    model, output: str | Path, input_shapes: dict[str, list[int]] | None = None, name: str | None = None
+) -> BuildInfo:
+    """ONNX model (path, bytes or ModelProto) -> artifact at `output`."""
+    from compiler.onnx_frontend import load
+
+    graph = load(model, input_shapes)
+    return build(graph, output, name=name or Path(output).stem.replace("-", "_").replace(".", "_") or "model")
