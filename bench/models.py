@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", help="run models whose name contains this")
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
+    # libgomp's idle-wait settings decide multi-thread latency on a busy host; print them so runs can be compared
+    waits = {k: os.environ.get(k, "(unset)") for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    print(", ".join(f"{k}={v}" for k, v in waits.items()), f"on {os.cpu_count()} cores")
     rows: list[dict] = []
     failed: dict[str, str] = {}
     for name in MODELS:
