@@ -1,133 +1,29 @@
-"""Compute definitions of the kernels tilefarm supports (TOPI's role): plain functions from tensors to tensors.
-
-Nothing here schedules. Multi-stage ops (padded conv, softmax, layer norm, pooling) return their last stage;
-the earlier stages hang off `Tensor.op.inputs`, so the scheduler sees each of them and may inline or tile it.
-`KERNELS` pairs each kernel at a small default shape with a float64 numpy reference and a float32 tolerance.
-"""
+"""Convolution, padding and pooling (NCHW), plus the ONNX Conv / ConvTranspose / pooling builders."""
 
 from __future__ import annotations
 
 import functools
 import math
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-import numpy as np
+from collections.abc import Sequence
 
 from compiler import te
 from compiler.errors import InvalidExpr
+from compiler.ops.checks import (
+    FLOATS,
+    Pair,
+    _dims,
+    _dtype_in,
+    _input,
+    _out_extent,
+    _padding,
+    _pair,
+    _rank,
+    _same_dtype,
+    _scale,
+)
 
-Pair = int | Sequence[int]
-
-# ---------------------------------------------------------------------------------------------- argument checks
-
-
-def _dims(t: te.Tensor) -> str:
-    return "x".join(map(str, t.shape)) or "scalar"
-
-
-def _rank(op: str, t: te.Tensor, ndim: int, role: str) -> None:
-    if t.ndim != ndim:
-        raise InvalidExpr(f"{op}: {role} {t.name} must be {ndim}-D, got shape {_dims(t)}")
-
-
-def _same_dtype(op: str, *ts: te.Tensor) -> None:
-    if len({t.dtype for t in ts}) > 1:
-        got = ", ".join(f"{t.name}: {t.dtype}" for t in ts)
-        raise InvalidExpr(f"{op}: inputs must have one dtype, got {got}; cast them first")
-
-
-def _pair(op: str, what: str, v: Pair, lowest: int) -> tuple[int, int]:
-    vals = (v, v) if isinstance(v, int) else tuple(v)
-    if len(vals) != 2 or any(not isinstance(x, int) or x < lowest for x in vals):
-        raise InvalidExpr(f"{op}: {what} must be an int or a pair of ints >= {lowest}, got {v!r}")
-    return vals
-
-
-def _padding(op: str, v: Pair) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) from an int, a (height, width) pair or ONNX's (top, left, bottom, right)."""
-    vals = (v,) * 4 if isinstance(v, int) else tuple(v)
-    if len(vals) == 2:
-        vals = vals * 2
-    if len(vals) != 4 or any(not isinstance(x, int) or x < 0 for x in vals):
-        raise InvalidExpr(
-            f"{op}: padding must be an int, an (h, w) pair or (top, left, bottom, right) of ints >= 0, got {v!r}"
-        )
-    return vals
-
-
-def _out_extent(op: str, what: str, n: int, pads: int, k: int, dilation: int, stride: int) -> int:
-    span = (k - 1) * dilation + 1
-    if span > n + pads:
-        raise InvalidExpr(
-            f"{op}: the kernel's {what} extent {span} (kernel {k}, dilation {dilation}) is larger than"
-            f" the padded input's {n + pads} ({n} + padding {pads})"
-        )
-    return (n + pads - span) // stride + 1
-
-
-def _axis(op: str, axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise InvalidExpr(f"{op}: axis {axis} is out of range for a {ndim}-D input")
-    return axis % ndim
-
-
-def _scale(v: te.Expr, s: int) -> te.Expr:
-    # keep `y * 1` out of the definition so printed loop nests read like the math
-    return v if s == 1 else v * s
-
-
-# ---------------------------------------------------------------------------------------------- linear algebra
-
-
-def matmul(A: te.Tensor, B: te.Tensor, name: str = "matmul") -> te.Tensor:
-    """C[i, j] = sum_k A[i, k] * B[k, j] for A: MxK, B: KxN."""
-    _rank("matmul", A, 2, "A")
-    _rank("matmul", B, 2, "B")
-    _same_dtype("matmul", A, B)
-    (M, K), (K2, N) = A.shape, B.shape
-    if K != K2:
-        raise InvalidExpr(f"matmul: A is {_dims(A)} and B is {_dims(B)}; A's columns ({K}) must equal B's rows ({K2})")
-    k = te.reduce_axis(K, "k")
-    return te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name=name, tag="matmul")
-
-
-def batch_matmul(A: te.Tensor, B: te.Tensor, name: str = "batch_matmul") -> te.Tensor:
-    """C[b, i, j] = sum_k A[b, i, k] * B[b, k, j] for A: bxMxK, B: bxKxN."""
-    _rank("batch_matmul", A, 3, "A")
-    _rank("batch_matmul", B, 3, "B")
-    _same_dtype("batch_matmul", A, B)
-    (batch, M, K), (batch2, K2, N) = A.shape, B.shape
-    if batch != batch2 or K != K2:
-        raise InvalidExpr(
-            f"batch_matmul: A is {_dims(A)} and B is {_dims(B)}; batches must match ({batch} vs"
-            f" {batch2}) and A's columns ({K}) must equal B's rows ({K2})"
-        )
-    k = te.reduce_axis(K, "k")
-    return te.compute(
-        (batch, M, N), lambda b, i, j: te.sum(A[b, i, k] * B[b, k, j], axis=k), name=name, tag="batch_matmul"
-    )
-
-
-def dense(X: te.Tensor, W: te.Tensor, bias: te.Tensor | None = None, name: str = "dense") -> te.Tensor:
-    """Y[i, j] = sum_k X[i, k] * W[j, k] (+ bias[j]) for X: MxK, W: NxK, as ONNX Gemm with transB does."""
-    _rank("dense", X, 2, "X")
-    _rank("dense", W, 2, "W")
-    _same_dtype("dense", X, W, *([bias] if bias is not None else []))
-    (M, K), (N, K2) = X.shape, W.shape
-    if K != K2:
-        raise InvalidExpr(f"dense: X is {_dims(X)} and W is {_dims(W)}; both must have {K} columns (W is NxK)")
-    k = te.reduce_axis(K, "k")
-    out = te.compute((M, N), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name=name, tag="dense")
-    if bias is None:
-        return out
-    if bias.shape != (N,):
-        raise InvalidExpr(f"dense: bias {bias.name} must have shape ({N},), got {_dims(bias)}")
-    return te.compute((M, N), lambda i, j: out[i, j] + bias[j], name=f"{name}_bias", tag="broadcast")
-
-
-# ---------------------------------------------------------------------------------------------- padding, convolution
+Ins = Sequence[te.Tensor | None]
 
 
 def pad(
@@ -256,59 +152,6 @@ def conv2d_bias_relu(
     return relu(bias_add_nchw(conv, bias, name=f"{name}_bias"), name=f"{name}_relu")
 
 
-# ---------------------------------------------------------------------------------------------- normalization
-
-
-def softmax(x: te.Tensor, axis: int = -1, name: str = "softmax") -> te.Tensor:
-    """exp(x - max) / sum(exp(x - max)) along `axis`, as four stages (max, exp, sum, divide)."""
-    ax = _axis("softmax", axis, x.ndim)
-    n, rshape = x.shape[ax], x.shape[:ax] + x.shape[ax + 1 :]
-
-    def full(i, k):  # an index of the reduced shape, with k put back at `axis`
-        return i[:ax] + (k,) + i[ax:]
-
-    def drop(i):
-        return i[:ax] + i[ax + 1 :]
-
-    k1, k2 = te.reduce_axis(n, "k"), te.reduce_axis(n, "k")
-    mx = te.compute(rshape, lambda *i: te.max(x[full(i, k1)], axis=k1), name=f"{name}_max", tag="comm_reduce")
-    ex = te.compute(x.shape, lambda *i: te.exp(x[i] - mx[drop(i)]), name=f"{name}_exp", tag="broadcast")
-    sm = te.compute(rshape, lambda *i: te.sum(ex[full(i, k2)], axis=k2), name=f"{name}_sum", tag="comm_reduce")
-    return te.compute(x.shape, lambda *i: ex[i] / sm[drop(i)], name=name, tag="broadcast")
-
-
-def layer_norm(
-    x: te.Tensor, gamma: te.Tensor, beta: te.Tensor, axis: int = -1, eps: float = 1e-5, name: str = "layer_norm"
-) -> te.Tensor:
-    """ONNX LayerNormalization: normalize over dims axis..end, then scale by gamma and shift by beta."""
-    op = "layer_norm"
-    ax = _axis(op, axis, x.ndim)
-    _same_dtype(op, x, gamma, beta)
-    outer, inner = x.shape[:ax], x.shape[ax:]
-    for t in (gamma, beta):
-        if t.shape != inner:
-            raise InvalidExpr(
-                f"{op}: {t.name} must have shape {inner} (the normalized dims of {x.name}: {_dims(x)}), got {_dims(t)}"
-            )
-    inv_n = 1.0 / math.prod(inner)
-    ks = [te.reduce_axis(e, f"k{d}") for d, e in enumerate(inner)]
-    kt = tuple(ks)
-    # 1/n goes inside the sums because a reduction must be a stage's whole body
-    mean = te.compute(outer, lambda *i: te.sum(x[i + kt] * inv_n, axis=ks), name=f"{name}_mean", tag="comm_reduce")
-
-    def sq_dev(i):
-        d = x[i + kt] - mean[i]
-        return d * d * inv_n
-
-    var = te.compute(outer, lambda *i: te.sum(sq_dev(i), axis=ks), name=f"{name}_var", tag="comm_reduce")
-    return te.compute(
-        x.shape,
-        lambda *i: (x[i] - mean[i[:ax]]) * te.rsqrt(var[i[:ax]] + eps) * gamma[i[ax:]] + beta[i[ax:]],
-        name=name,
-        tag="broadcast",
-    )
-
-
 # ---------------------------------------------------------------------------------------------- pooling, reduction
 
 
@@ -377,168 +220,163 @@ def row_sum(x: te.Tensor, name: str = "row_sum") -> te.Tensor:
     return te.compute((x.shape[0],), lambda i: te.sum(x[i, k], axis=k), name=name, tag="comm_reduce")
 
 
-# ---------------------------------------------------------------------------------------------- test kernels
+# ---------------------------------------------------------------------------------------------- ONNX builders
 
 
-@dataclass(frozen=True)
-class KernelCase:
-    """A kernel at a small default shape, its float64 numpy reference and the float32 tolerance to check it with."""
-
-    inputs: tuple[tuple[str, tuple[int, ...]], ...]  # (placeholder name, default shape) per input
-    fn: Callable[..., te.Tensor]
-    reference: Callable[..., list[np.ndarray]]
-    rtol: float
-    atol: float
-
-    def build(self, *shapes: Sequence[int]) -> tuple[list[te.Tensor], list[te.Tensor]]:
-        """Float32 placeholders at `shapes` (default: the case's) and the kernel's output tensors."""
-        shapes = shapes or tuple(s for _, s in self.inputs)
-        if len(shapes) != len(self.inputs):
-            raise InvalidExpr(f"this kernel takes {len(self.inputs)} input shapes, got {len(shapes)}")
-        ins = [te.placeholder(s, "float32", name) for (name, _), s in zip(self.inputs, shapes)]
-        return ins, [self.fn(*ins)]
-
-    def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        """Standard-normal float32 inputs at the default shapes."""
-        return [rng.standard_normal(s).astype(np.float32) for _, s in self.inputs]
+def _conv_args(op: str, x: te.Tensor, w: te.Tensor, attrs: dict):
+    if x.ndim != 4 or w.ndim != 4:
+        raise InvalidExpr(f"{op}: only 2-D (NCHW) convolution is supported; {x.name} is {x.ndim}-D")
+    _dtype_in(op, x, FLOATS)
+    _same_dtype(op, x, w)
+    return (
+        tuple(attrs.get("strides") or (1, 1)),
+        tuple(attrs.get("pads") or (0, 0, 0, 0)),
+        tuple(attrs.get("dilations") or (1, 1)),
+        attrs.get("group", 1),
+    )
 
 
-def _ref_pad(x: np.ndarray, pads: tuple[int, int, int, int], value: float) -> np.ndarray:
-    pt, pl, pb, pr = pads
-    return np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=value)
+def _with_bias(out: te.Tensor, bias: te.Tensor | None, name: str) -> te.Tensor:
+    return out if bias is None else bias_add_nchw(out, bias, name=name)
 
 
-def reference_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
-    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
-    (sh, sw), (dh, dw) = _pair("ref", "stride", stride, 1), _pair("ref", "dilation", dilation, 1)
-    xp = _ref_pad(x, _padding("ref", padding), 0.0)
-    F, Cg, KH, KW = w.shape
-    Fg = F // groups
-    OH = (xp.shape[2] - (KH - 1) * dh - 1) // sh + 1
-    OW = (xp.shape[3] - (KW - 1) * dw - 1) // sw + 1
-    out = np.zeros((x.shape[0], F, OH, OW))
-    for ky in range(KH):
-        for kx in range(KW):
-            # every output's input tap for this kernel offset, as one strided slice: N x C x OH x OW
-            tap = xp[:, :, ky * dh : ky * dh + (OH - 1) * sh + 1 : sh, kx * dw : kx * dw + (OW - 1) * sw + 1 : sw]
-            for g in range(groups):
-                out[:, g * Fg : (g + 1) * Fg] += np.einsum(
-                    "nchw,fc->nfhw", tap[:, g * Cg : (g + 1) * Cg], w[g * Fg : (g + 1) * Fg, :, ky, kx]
-                )
-    return out
+def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    x, w = _input("Conv", ins, 0, "X"), _input("Conv", ins, 1, "W")
+    bias = ins[2] if len(ins) > 2 else None
+    strides, pads, dilations, group = _conv_args("Conv", x, w, attrs)
+    out = conv2d_nchw(x, w, strides, pads, dilations, group, name=name if bias is None else f"{name}_conv")
+    return [_with_bias(out, bias, name)]
 
 
-def _ref_pool(x, kernel, stride, padding, kind: str, count_include_pad: bool = True) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    (kh, kw), (sh, sw) = _pair("ref", "kernel", kernel, 1), _pair("ref", "stride", stride, 1)
-    pads = _padding("ref", padding)
-    xp = _ref_pad(x, pads, -np.inf if kind == "max" else 0.0)
-    ones = _ref_pad(np.ones_like(x), pads, 0.0)
-    OH, OW = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
-    acc = np.full(x.shape[:2] + (OH, OW), -np.inf if kind == "max" else 0.0)
-    count = np.zeros((1, 1, OH, OW))
-    for ky in range(kh):
-        for kx in range(kw):
-            rows, cols = slice(ky, ky + (OH - 1) * sh + 1, sh), slice(kx, kx + (OW - 1) * sw + 1, sw)
-            acc = np.maximum(acc, xp[:, :, rows, cols]) if kind == "max" else acc + xp[:, :, rows, cols]
-            count += ones[:1, :1, rows, cols]
-    if kind == "max":
-        return acc
-    return acc / (kh * kw if count_include_pad else count)
+def _upsample_source(i: te.Expr, before: int, n: int, stride: int) -> tuple[te.Expr, list[te.Expr]]:
+    """Index and in-bounds conditions of output index `i` of a zero-upsampled (by `stride`), padded dim."""
+    s = i - before if before else i
+    conds = [s >= 0] if before > 0 else []
+    conds.append(s < (n - 1) * stride + 1)
+    if stride > 1:
+        conds.append(te.equal(s % stride, te.const(0, s.dtype)))
+        s = s // stride
+    return s, conds
 
 
-def _ref_softmax(x, axis=-1) -> np.ndarray:
-    e = np.exp(np.asarray(x, np.float64) - np.max(x, axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+def conv_transpose(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """The gradient of Conv: a Conv with the flipped kernel over the stride-upsampled, re-padded input."""
+    op = "ConvTranspose"
+    x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
+    bias = ins[2] if len(ins) > 2 else None
+    (sh, sw), (pt, pl, pb, pr), (dh, dw), group = _conv_args(op, x, w, attrs)
+    oph, opw = tuple(attrs.get("output_padding") or (0, 0))
+    (N, C, H, W), (C2, Fg, KH, KW) = x.shape, w.shape
+    if C2 != C or C % group:
+        raise InvalidExpr(f"{op}: weight {_dims(w)} must be C x F/group x KH x KW with C = {C} divisible by {group}")
+    # the upsampled input is padded by the kernel's span minus the conv's own padding on each side
+    before = ((KH - 1) * dh - pt, (KW - 1) * dw - pl)
+    after = ((KH - 1) * dh - pb + oph, (KW - 1) * dw - pr + opw)
+    ext = tuple((n - 1) * s + 1 + b + a for n, s, b, a in zip((H, W), (sh, sw), before, after))
+    OH, OW = ext[0] - (KH - 1) * dh, ext[1] - (KW - 1) * dw
+    if OH <= 0 or OW <= 0:
+        raise InvalidExpr(f"{op}: pads {attrs.get('pads')} leave no output for input {_dims(x)}")
+
+    def upsampled(n, c, y, xx):
+        (sy, cy), (sx, cx) = _upsample_source(y, before[0], H, sh), _upsample_source(xx, before[1], W, sw)
+        return te.select(functools.reduce(operator.and_, cy + cx), x[n, c, sy, sx], te.const(0, x.dtype))
+
+    up = te.compute((N, C) + ext, upsampled, name=f"{name}_upsample", tag="injective,pad")
+    Cg = C // group
+    rc, ry, rx = te.reduce_axis(Cg, "rc"), te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
+
+    def body(n, f, y, xx):
+        c = rc if group == 1 else f // Fg * Cg + rc
+        wf = f if group == 1 else f % Fg
+        return te.sum(
+            up[n, c, y + _scale(ry, dh), xx + _scale(rx, dw)] * w[c, wf, KH - 1 - ry, KW - 1 - rx], axis=[rc, ry, rx]
+        )
+
+    out = te.compute((N, Fg * group, OH, OW), body, name=name if bias is None else f"{name}_conv", tag="conv2d_nchw")
+    return [_with_bias(out, bias, name)]
 
 
-def _ref_layer_norm(x, gamma, beta, axis=-1, eps=1e-5) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    dims = tuple(range(axis % x.ndim, x.ndim))
-    mean = x.mean(axis=dims, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=dims, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+def _pool_geometry(op: str, x: te.Tensor, attrs: dict):
+    """Per spatial dim: (input size, pad before, pad after, kernel, stride, dilation, output size)."""
+    sp = x.ndim - 2
+    if sp < 1:
+        raise InvalidExpr(f"{op}: input {x.name} must be N x C x spatial..., got {_dims(x)}")
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides") or [1] * sp)
+    dilations = list(attrs.get("dilations") or [1] * sp)
+    pads = list(attrs.get("pads") or [0] * (2 * sp))
+    dims = []
+    for d in range(sp):
+        n, b, e, k, s, dl = x.shape[2 + d], pads[d], pads[sp + d], kernel[d], strides[d], dilations[d]
+        span = (k - 1) * dl + 1
+        if n + b + e < span:
+            raise InvalidExpr(f"{op}: the window ({span}) is larger than the padded input ({n + b + e}) on dim {d}")
+        o = (n + b + e - span) // s + 1
+        if attrs.get("ceil_mode", 0):
+            o = math.ceil((n + b + e - span) / s) + 1
+            if (o - 1) * s >= n + b:  # the last window must start inside the input or its leading padding
+                o -= 1
+        dims.append((n, b, e, k, s, dl, o))
+    return dims
 
 
-def _f64(fn: Callable[..., np.ndarray]) -> Callable[..., list[np.ndarray]]:
-    return lambda *arrays: [fn(*(np.asarray(a, np.float64) for a in arrays))]
+def _window_stage(x, dims, fill, reducer, name):
+    """reducer over each window of `x` padded with `fill` (also past the end, where ceil_mode windows reach)."""
+    before = [0, 0] + [b for _, b, _, _, _, _, _ in dims]
+    after = [0, 0] + [max(e, (o - 1) * s + (k - 1) * dl + 1 - n - b) for n, b, e, k, s, dl, o in dims]
+    src = pad(x, before, after, value=fill, name=f"{name}_pad") if any(before + after) else x
+    rs = [te.reduce_axis(k, f"r{d}") for d, (_, _, _, k, _, _, _) in enumerate(dims)]
+
+    def body(n, c, *o):
+        idx = tuple(_scale(v, s) + _scale(r, dl) for v, r, (_, _, _, _, s, dl, _) in zip(o, rs, dims))
+        return reducer(src[(n, c) + idx], axis=rs)
+
+    shape = x.shape[:2] + tuple(o for *_, o in dims)
+    return te.compute(shape, body, name=name, tag="pool")
 
 
-# Tolerances are for float32 kernels against these float64 references on standard-normal inputs, checked as
-# |got - ref| <= atol + rtol * |ref|. A K-term float32 dot product is off by at most ~K*2^-24*sum|a*b|, but
-# with random signs the roundings cancel like a random walk: ~sqrt(K)*2^-24 times the partial sums' size. The
-# "max err" notes are the largest errors of float32 evaluations (one running sum per output, and numpy's
-# pairwise order) over 20 seeds; each tolerance sits >= 15x above them, leaving room for reassociated,
-# FMA-contracted schedules and vector exp/rsqrt a few ulp off. tests/test_ops.py re-checks the sequential case.
-KERNELS: dict[str, KernelCase] = {
-    # K=64: max err 1e-5
-    "matmul": KernelCase((("A", (32, 64)), ("B", (64, 40))), matmul, _f64(np.matmul), rtol=1e-5, atol=1e-4),
-    # K=32: max err 6e-6
-    "batch_matmul": KernelCase(
-        (("A", (3, 16, 32)), ("B", (3, 32, 24))), batch_matmul, _f64(np.matmul), rtol=1e-5, atol=1e-4
-    ),
-    # K = 8*3*3 = 72: max err 1e-5; the odd input 15 leaves the last stride-2 window short of the padded edge
-    "conv2d": KernelCase(
-        (("data", (1, 8, 15, 15)), ("weight", (16, 8, 3, 3))),
-        lambda d, w: conv2d_nchw(d, w, stride=2, padding=1),
-        _f64(lambda d, w: reference_conv2d(d, w, stride=2, padding=1)),
-        rtol=1e-5,
-        atol=1e-4,
-    ),
-    # K=72 over a 5x5 effective window: max err 1.2e-5
-    "conv2d_dilated": KernelCase(
-        (("data", (1, 8, 14, 14)), ("weight", (8, 8, 3, 3))),
-        lambda d, w: conv2d_nchw(d, w, padding=2, dilation=2),
-        _f64(lambda d, w: reference_conv2d(d, w, padding=2, dilation=2)),
-        rtol=1e-5,
-        atol=1e-4,
-    ),
-    # K = 4*3*3 = 36 per group: max err 7e-6
-    "conv2d_grouped": KernelCase(
-        (("data", (1, 8, 12, 12)), ("weight", (8, 4, 3, 3))),
-        lambda d, w: conv2d_nchw(d, w, padding=1, groups=2),
-        _f64(lambda d, w: reference_conv2d(d, w, padding=1, groups=2)),
-        rtol=1e-5,
-        atol=1e-4,
-    ),
-    # K=9, channel multiplier 2: max err 2e-6
-    "conv2d_depthwise": KernelCase(
-        (("data", (1, 8, 16, 16)), ("weight", (16, 1, 3, 3))),
-        lambda d, w: conv2d_nchw(d, w, padding=1, groups=8),
-        _f64(lambda d, w: reference_conv2d(d, w, padding=1, groups=8)),
-        rtol=1e-5,
-        atol=1e-5,
-    ),
-    # K=72 as conv2d, plus one rounding for the bias: max err 1e-5
-    "conv2d_bias_relu": KernelCase(
-        (("data", (1, 8, 12, 12)), ("weight", (12, 8, 3, 3)), ("bias", (12,))),
-        lambda d, w, b: conv2d_bias_relu(d, w, b, padding=1),
-        _f64(lambda d, w, b: np.maximum(reference_conv2d(d, w, padding=1) + b[None, :, None, None], 0.0)),
-        rtol=1e-5,
-        atol=1e-4,
-    ),
-    # outputs in (0, 1]: a 50-term positive sum and an exp; max err 7e-8
-    "softmax": KernelCase((("x", (16, 50)),), softmax, _f64(_ref_softmax), rtol=1e-5, atol=1e-6),
-    # 48-term mean and variance, one rsqrt; outputs up to ~4: max err 1.2e-6
-    "layer_norm": KernelCase(
-        (("x", (16, 48)), ("gamma", (48,)), ("beta", (48,))), layer_norm, _f64(_ref_layer_norm), rtol=1e-5, atol=1e-5
-    ),
-    # max is exact in any order: the float32 result must equal the reference exactly
-    "max_pool2d": KernelCase(
-        (("x", (1, 8, 15, 15)),),
-        lambda x: max_pool2d(x, 3, stride=2, padding=1),
-        _f64(lambda x: _ref_pool(x, 3, 2, 1, "max")),
-        rtol=0.0,
-        atol=0.0,
-    ),
-    # 9-term sums, then one division: max err 1.3e-7
-    "avg_pool2d": KernelCase(
-        (("x", (1, 8, 14, 14)),),
-        lambda x: avg_pool2d(x, 3, stride=2, padding=1),
-        _f64(lambda x: _ref_pool(x, 3, 2, 1, "avg")),
-        rtol=1e-5,
-        atol=1e-6,
-    ),
-    # K=200, row sums ~14 in size: max err 2e-5
-    "row_sum": KernelCase((("x", (64, 200)),), row_sum, _f64(lambda x: x.sum(axis=1)), rtol=1e-5, atol=2e-4),
+def max_pool(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    x = _input("MaxPool", ins, 0, "X")
+    _dtype_in("MaxPool", x, ("int8", "uint8", *FLOATS))
+    dims = _pool_geometry("MaxPool", x, attrs)
+    # padding never wins: it is the dtype's lowest value
+    return [_window_stage(x, dims, te.min_value(x.dtype).value, te.max, name)]
+
+
+def _window_count(v: te.Expr, n: int, b: int, e: int, k: int, s: int, dl: int, include_pad: bool):
+    """How many taps of output `v`'s window land in the input (or in its explicit padding, with include_pad)."""
+    lo, hi = (-b, n + e) if include_pad else (0, n)
+    start = _scale(v, s) - b
+    if dl == 1:
+        return te.minimum(start + k, hi) - te.maximum(start, lo)
+    first = te.maximum(-((start - lo) // dl), 0)  # the first tap r with start + r*dl >= lo (ceil division)
+    last = te.minimum((hi - 1 - start) // dl, k - 1)
+    return te.maximum(last - first + 1, 0)
+
+
+def average_pool(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    x = _input("AveragePool", ins, 0, "X")
+    _dtype_in("AveragePool", x, FLOATS)
+    dims = _pool_geometry("AveragePool", x, attrs)
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    total = _window_stage(x, dims, 0.0, te.sum, f"{name}_sum")
+
+    def full(n, b, e, k, s, dl, o):  # every window has all k taps inside the counted range
+        lo, hi = (-b, n + e) if include_pad else (0, n)
+        return -b >= lo and (o - 1) * s - b + (k - 1) * dl < hi
+
+    def body(nn, c, *o):
+        count = 1
+        for v, g in zip(o, dims):
+            count = count * g[3] if full(*g) else _window_count(v, *g[:6], include_pad) * count
+        return total[(nn, c) + o] / (float(count) if isinstance(count, int) else te.cast(x.dtype, count))
+
+    return [te.compute(total.shape, body, name=name, tag="elemwise")]
+
+
+NN_OPS = {
+    "Conv": conv,
+    "ConvTranspose": conv_transpose,
+    "MaxPool": max_pool,
+    "AveragePool": average_pool,
 }

@@ -1,0 +1,166 @@
+"""Reductions: ONNX Reduce* (with keepdims and noop_with_empty_axes), ArgMax / ArgMin, GlobalAverage/MaxPool.
+
+A reduction is one stage whose body is the reduce; what comes before it (|x|, x², exp(x - max)) is inlined
+into that body and what comes after (the mean's division, the log, the sqrt) is a second, elementwise stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from compiler import dtypes, te
+from compiler.errors import InvalidExpr
+from compiler.ops.checks import FLOATS, NUMERIC, _c, _dtype_in, _input
+
+Expr = te.Expr
+Ins = Sequence[te.Tensor | None]
+
+
+def _reduced_axes(op: str, x: te.Tensor, axes: Sequence[int]) -> list[int]:
+    bad = [a for a in axes if not 0 <= a < x.ndim]
+    if bad:
+        raise InvalidExpr(f"{op}: axes {bad} are out of range for the {x.ndim}-D input {x.name}")
+    return sorted(set(axes))
+
+
+def reduce_over(
+    x: te.Tensor,
+    axes: Sequence[int],
+    keepdims: bool,
+    reducer: Callable,
+    pre: Callable[[Expr, tuple], Expr],
+    name: str,
+) -> te.Tensor:
+    """reducer(pre(x[j], out_index)) over `axes`: the output keeps those dims as 1 (keepdims) or drops them."""
+    ks = {d: te.reduce_axis(x.shape[d], f"k{d}") for d in axes}
+    shape = tuple(1 if d in ks else n for d, n in enumerate(x.shape) if keepdims or d not in ks)
+
+    def body(*out):
+        rest = iter([out[d] for d in range(x.ndim) if d not in ks] if keepdims else out)
+        src = tuple(ks[d] if d in ks else next(rest) for d in range(x.ndim))
+        return reducer(pre(x[src], out), axis=list(ks.values()))
+
+    return te.compute(shape, body, name=name, tag="comm_reduce")
+
+
+def _kept(out: tuple, axes: Sequence[int], ndim: int, keepdims: bool) -> tuple:
+    """An output index as an index of the keepdims shape: 0 at the reduced axes."""
+    if keepdims:
+        return tuple(0 if d in axes else i for d, i in enumerate(out))
+    rest = iter(out)
+    return tuple(0 if d in axes else next(rest) for d in range(ndim))
+
+
+def _mean_divide(s: te.Tensor, n: int, name: str) -> te.Tensor:
+    if dtypes.is_float(s.dtype):
+        return te.compute(s.shape, lambda *i: s[i] / float(n), name=name, tag="elemwise")
+    # integer mean truncates toward zero, like numpy's mean cast back to the integer dtype
+    body = lambda *i: te.select(s[i] < _c(0, s), -((-s[i]) // n), s[i] // n)
+    return te.compute(s.shape, body, name=name, tag="elemwise")
+
+
+def _log_sum_exp(x: te.Tensor, axes: list[int], keepdims: bool, name: str) -> te.Tensor:
+    # subtract the max first so exp cannot overflow
+    mx = reduce_over(x, axes, True, te.max, lambda v, o: v, f"{name}_max")
+    at = lambda out: mx[_kept(out, axes, x.ndim, keepdims)]
+    sm = reduce_over(x, axes, keepdims, te.sum, lambda v, o: te.exp(v - at(o)), f"{name}_sum")
+    return te.compute(sm.shape, lambda *i: te.log(sm[i]) + at(i), name=name, tag="broadcast")
+
+
+# op -> (dtypes, reducer, element before reducing, element-wise stage after (or None))
+REDUCE: dict[str, tuple[tuple[str, ...], Callable, Callable[[Expr], Expr], Callable[[Expr], Expr] | None]] = {
+    "ReduceSum": (NUMERIC, te.sum, lambda v: v, None),
+    "ReduceMean": (NUMERIC, te.sum, lambda v: v, None),  # the division is `_mean_divide`
+    "ReduceMax": (NUMERIC, te.max, lambda v: v, None),
+    "ReduceMin": (NUMERIC, te.min, lambda v: v, None),
+    "ReduceL1": (NUMERIC, te.sum, te.abs, None),
+    "ReduceSumSquare": (NUMERIC, te.sum, lambda v: v * v, None),
+    "ReduceL2": (FLOATS, te.sum, lambda v: v * v, te.sqrt),
+    "ReduceLogSum": (FLOATS, te.sum, lambda v: v, te.log),
+    "ReduceLogSumExp": (FLOATS, te.sum, lambda v: v, None),  # built by `_log_sum_exp`
+}
+
+
+def reduce(op: str):
+    """The builder of the REDUCE row `op`."""
+    allowed, reducer, pre, post = REDUCE[op]
+
+    def build(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+        x = _input(op, ins, 0, "data")
+        _dtype_in(op, x, allowed)
+        axes, keepdims = list(attrs.get("axes", [])), bool(attrs.get("keepdims", 1))
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return [te.compute(x.shape, lambda *i: x[i], name=name, tag="injective")]
+            axes = list(range(x.ndim))
+        axes = _reduced_axes(op, x, axes)
+        if op == "ReduceLogSumExp":
+            return [_log_sum_exp(x, axes, keepdims, name)]
+        last = op == "ReduceSum" or op in ("ReduceMax", "ReduceMin", "ReduceL1", "ReduceSumSquare")
+        red = reduce_over(x, axes, keepdims, reducer, lambda v, o: pre(v), name if last else f"{name}_reduce")
+        if op == "ReduceMean":
+            n = 1
+            for d in axes:
+                n *= x.shape[d]
+            return [_mean_divide(red, n, name)]
+        if post is not None:
+            return [te.compute(red.shape, lambda *i: post(red[i]), name=name, tag="elemwise")]
+        return [red]
+
+    return build
+
+
+def arg_reduce(op: str):
+    """ArgMax / ArgMin: the max (min), then the first (or last) index holding it, as int64."""
+    reducer = te.max if op == "ArgMax" else te.min
+
+    def build(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+        x = _input(op, ins, 0, "data")
+        _dtype_in(op, x, NUMERIC)
+        axis, keepdims, last = attrs.get("axis", 0), bool(attrs.get("keepdims", 1)), attrs.get("select_last_index", 0)
+        _reduced_axes(op, x, [axis])
+        best = reduce_over(x, [axis], True, reducer, lambda v, o: v, f"{name}_value")
+        n = x.shape[axis]
+        k = te.reduce_axis(n, f"j{axis}")
+        shape = tuple(1 if d == axis else s for d, s in enumerate(x.shape) if keepdims or d != axis)
+
+        def body(*out):
+            at = _kept(out, [axis], x.ndim, keepdims)
+            hit = te.equal(x[at[:axis] + (k,) + at[axis + 1 :]], best[at])
+            # the first index: min over the hits (non-hits count as n); the last: max (non-hits as -1)
+            if last:
+                return te.max(te.select(hit, k, te.const(-1, "int64")), axis=k)
+            return te.min(te.select(hit, k, te.const(n, "int64")), axis=k)
+
+        return [te.compute(shape, body, name=name, tag="comm_reduce")]
+
+    return build
+
+
+def global_pool(op: str):
+    """GlobalAveragePool / GlobalMaxPool: reduce every spatial dim (2 onward), keeping them as size 1."""
+
+    def build(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+        x = _input(op, ins, 0, "X")
+        _dtype_in(op, x, FLOATS)
+        if x.ndim < 3:
+            raise InvalidExpr(f"{op}: input {x.name} must be N x C x spatial..., got {x.ndim}-D")
+        axes = list(range(2, x.ndim))
+        if op == "GlobalMaxPool":
+            return [reduce_over(x, axes, True, te.max, lambda v, o: v, name)]
+        total = reduce_over(x, axes, True, te.sum, lambda v, o: v, f"{name}_sum")
+        n = 1
+        for d in axes:
+            n *= x.shape[d]
+        return [_mean_divide(total, n, name)]
+
+    return build
+
+
+REDUCE_OPS = {
+    **{op: reduce(op) for op in REDUCE},
+    "ArgMax": arg_reduce("ArgMax"),
+    "ArgMin": arg_reduce("ArgMin"),
+    "GlobalAveragePool": global_pool("GlobalAveragePool"),
+    "GlobalMaxPool": global_pool("GlobalMaxPool"),
+}

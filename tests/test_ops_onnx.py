@@ -1,0 +1,537 @@
+"""Every op in `ops.OPS`, built from hand-normalized attributes, compiled with the naive schedule and run through
+the JIT, against onnx's ReferenceEvaluator running the same op as a one-node ONNX model.
+
+Tolerances: data movement, comparisons, integer arithmetic, min/max, floor/ceil/round and selects are exact
+(rtol = atol = 0). Float arithmetic is one or a few float32 roundings per element, the same operations the
+reference does in float32, so 1e-6 relative covers reassociation; transcendental functions (exp, log, tanh, erf,
+pow, through libm/libmvec) are within a few ulp of numpy's, so 1e-5 relative with a 1e-6 floor near zero.
+Reductions and dot products over K float32 terms drift by ~sqrt(K) ulp of the partial sums (K <= 72 here), so
+1e-5 relative plus 1e-5 absolute for standard-normal data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from onnx.helper import np_dtype_to_tensor_dtype
+from onnx.reference import ReferenceEvaluator
+
+from compiler import dtypes, ops, te
+from compiler.codegen import compile_funcs
+from compiler.dag import ComputeDAG
+from compiler.errors import InvalidExpr, UnsupportedDType
+from compiler.lower import lower
+from compiler.state import initial_state
+
+RNG = np.random.default_rng(0)
+EXACT = (0.0, 0.0)
+ARITH = (1e-6, 1e-6)
+TRANSCENDENTAL = (1e-5, 1e-6)
+REDUCTION = (1e-5, 1e-5)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def f64(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape)
+
+
+def pos(*shape: int) -> np.ndarray:
+    return (np.abs(RNG.standard_normal(shape)) + 0.1).astype(np.float32)
+
+
+def ints(*shape: int, dtype="int32", lo=-20, hi=20, nonzero=False) -> np.ndarray:
+    x = RNG.integers(max(lo, 0) if dtype == "uint8" else lo, hi, shape).astype(dtype)
+    if nonzero:
+        x[x == 0] = 1
+    return x
+
+
+def bools(*shape: int) -> np.ndarray:
+    return RNG.random(shape) < 0.5
+
+
+def i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+@dataclass
+class Case:
+    op: str
+    inputs: list  # arrays (None: an omitted optional input), as the graph node sees them
+    attrs: dict = field(default_factory=dict)  # normalized, as the frontend produces them
+    onnx_attrs: dict | None = None  # the ONNX node's attributes (default: `attrs`)
+    onnx_inputs: list | None = None  # the ONNX node's inputs (default: `inputs`), with constant inputs added
+    tol: tuple[float, float] = EXACT
+    opset: int = 18
+    reference: object = None  # a numpy function instead of ONNX (for tilefarm's own ops)
+    onnxruntime: bool = False  # run the ONNX model in onnxruntime instead of the reference evaluator
+
+
+def _fresh(x: np.ndarray | None) -> np.ndarray | None:
+    return None if x is None else np.ascontiguousarray(x)
+
+
+def run_tilefarm(case: Case) -> list[np.ndarray]:
+    phs = [None if a is None else te.placeholder(a.shape, str(a.dtype), f"in{k}") for k, a in enumerate(case.inputs)]
+    outs = ops.OPS[case.op](phs, case.attrs, "n0")
+    read = _placeholders_read(outs)
+    used = [(t, a) for t, a in zip(phs, case.inputs) if t is not None and t in read]
+    dag = ComputeDAG([t for t, _ in used] + outs)
+    names = {s.name for s in dag.ops if not s.is_placeholder}
+    assert len(names) == len([s for s in dag.ops if not s.is_placeholder]), "stage names must be unique"
+    assert all(n.startswith("n0") for n in names), f"stage names must derive from the prefix: {sorted(names)}"
+    kernel = compile_funcs([lower(initial_state(dag), "kernel")])["kernel"]
+    results = [np.zeros(o.shape, dtypes.numpy(o.dtype)) for o in outs]
+    kernel(*[_fresh(a) for _, a in used], *results)
+    return results
+
+
+def _placeholders_read(outs: list[te.Tensor]) -> set[te.Tensor]:
+    seen, stack, found = set(), list(outs), set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(t.op, te.PlaceholderOp):
+            found.add(t)
+        else:
+            stack.extend(t.op.inputs)
+    return found
+
+
+def run_onnx(case: Case, like: list[np.ndarray]) -> list[np.ndarray]:
+    """The case's op in ONNX; `like` (tilefarm's outputs) gives the output count and types to declare."""
+    inputs = case.inputs if case.onnx_inputs is None else case.onnx_inputs
+    attrs = case.attrs if case.onnx_attrs is None else case.onnx_attrs
+    names = ["" if a is None else f"x{k}" for k, a in enumerate(inputs)]
+    outputs = [f"y{k}" for k in range(len(like))]
+    node = helper.make_node(case.op, names, outputs, **attrs)
+    graph = helper.make_graph(
+        [node],
+        "case",
+        [helper.make_tensor_value_info(n, np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in zip(names, inputs) if a is not None],
+        [helper.make_tensor_value_info(o, np_dtype_to_tensor_dtype(a.dtype), None) for o, a in zip(outputs, like)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=8)
+    feeds = {n: a for n, a in zip(names, inputs) if a is not None}
+    if case.onnxruntime:
+        import onnxruntime
+
+        return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+# ---------------------------------------------------------------------------------------------- the cases
+
+UNARY_FLOAT = {
+    "Relu": ({}, EXACT), "LeakyRelu": ({"alpha": 0.1}, ARITH), "ThresholdedRelu": ({"alpha": 0.3}, EXACT),
+    "Sigmoid": ({}, TRANSCENDENTAL), "HardSigmoid": ({"alpha": 0.3, "beta": 0.4}, ARITH), "HardSwish": ({}, ARITH),
+    "Tanh": ({}, TRANSCENDENTAL), "Erf": ({}, TRANSCENDENTAL), "Elu": ({"alpha": 0.7}, TRANSCENDENTAL),
+    "Selu": ({"alpha": 1.6, "gamma": 1.05}, TRANSCENDENTAL), "Celu": ({"alpha": 0.8}, TRANSCENDENTAL),
+    "Softplus": ({}, TRANSCENDENTAL), "Softsign": ({}, ARITH), "Mish": ({}, TRANSCENDENTAL),
+    "Exp": ({}, TRANSCENDENTAL), "Neg": ({}, EXACT), "Abs": ({}, EXACT), "Floor": ({}, EXACT), "Ceil": ({}, EXACT),
+    "Round": ({}, EXACT), "Sign": ({}, EXACT), "Reciprocal": ({}, ARITH),
+}  # fmt: skip
+UNARY_POSITIVE = {"Log": TRANSCENDENTAL, "Sqrt": ARITH}
+
+
+def unary_cases() -> list[Case]:
+    cases = []
+    for op, (attrs, tol) in UNARY_FLOAT.items():
+        cases.append(Case(op, [f32(3, 7) * 2], attrs, tol=tol))
+    for op, tol in UNARY_POSITIVE.items():
+        cases.append(Case(op, [pos(5, 3)], tol=tol))
+    # ties of Round go to the even neighbour; Floor/Ceil/Sign at integers, zero and halves; float64 too
+    halves = np.array([-2.5, -1.5, -0.5, 0.0, 0.5, 1.5, 2.5, 3.5, 2.4999, -7.0, 1e30, -1e30], np.float32)
+    cases += [Case(op, [halves]) for op in ("Round", "Floor", "Ceil", "Sign")]
+    cases += [Case("Round", [halves.astype(np.float64) + 4]), Case("Exp", [f64(4, 5)], tol=TRANSCENDENTAL)]
+    cases.append(Case("Gelu", [f32(4, 9) * 2], {"approximate": "none"}, tol=TRANSCENDENTAL, opset=20))
+    cases.append(Case("Gelu", [f32(4, 9) * 2], {"approximate": "tanh"}, tol=TRANSCENDENTAL, opset=20))
+    # integer inputs where ONNX allows them
+    for op in ("Relu", "Neg", "Abs", "Sign"):
+        cases += [Case(op, [ints(6, 5, dtype=dt)]) for dt in ("int8", "int32", "int64")]
+    cases += [Case("Abs", [ints(9, dtype="uint8")]), Case("Sign", [ints(9, dtype="uint8")])]
+    cases.append(Case("Erf", [ints(2, 7, dtype="int32", lo=-2, hi=3)]))
+    cases.append(Case("Not", [bools(3, 4)]))
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, 1.5, -3.0], np.float32)
+    cases.append(Case("IsNaN", [special]))
+    for neg, posv in ((1, 1), (0, 1), (1, 0)):
+        cases.append(Case("IsInf", [special], {"detect_negative": neg, "detect_positive": posv}))
+    return cases
+
+
+def binary_cases() -> list[Case]:
+    shapes = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 5)), ((1,), (2, 3)), ((), (3, 2)), ((4, 1, 3), ())]
+    cases = []
+    for op in ("Add", "Sub", "Mul", "Div"):
+        cases += [Case(op, [f32(*a), f32(*b)], tol=ARITH) for a, b in shapes]
+        for dt in ("int8", "uint8", "int32", "int64"):
+            cases.append(Case(op, [ints(3, 4, dtype=dt, lo=-9, hi=9), ints(4, dtype=dt, lo=-9, hi=9, nonzero=True)]))
+    cases.append(Case("Div", [ints(40, dtype="int32", lo=-50, hi=50), ints(40, dtype="int32", nonzero=True)]))
+    cases.append(Case("Add", [f64(3, 1), f64(4)], tol=ARITH))
+    for fmod in (0, 1):
+        for dt in ("int8", "int32", "int64"):
+            cases.append(Case("Mod", [ints(30, dtype=dt, lo=-20), ints(30, dtype=dt, lo=-7, hi=7, nonzero=True)],
+                              {"fmod": fmod}))  # fmt: skip
+    cases.append(Case("Mod", [ints(3, 4, dtype="uint8"), ints(4, dtype="uint8", lo=1)], {"fmod": 0}))
+    cases.append(Case("Mod", [f32(6, 5) * 10, f32(5) * 3], {"fmod": 1}, tol=ARITH))
+    cases.append(Case("Pow", [pos(3, 4), f32(4)], tol=TRANSCENDENTAL))
+    cases.append(Case("Pow", [f32(3, 4), np.array([2, 3, 0, 1], np.int64)], tol=TRANSCENDENTAL))
+    cases.append(Case("Pow", [ints(3, 4, dtype="int64", lo=-5, hi=5), ints(1, dtype="int64", lo=0, hi=4)]))
+    cases.append(Case("Pow", [ints(3, 4, dtype="int32", lo=0, hi=5), np.array([0.5, 2.0, 1.0, 3.0], np.float32)]))
+    cases.append(Case("PRelu", [f32(2, 3, 4, 4), f32(3, 1, 1)], tol=ARITH))
+    cases.append(Case("PRelu", [f32(5, 4), f32(4)], tol=ARITH))
+    cases.append(Case("PRelu", [ints(5, 4, dtype="int32"), ints(4, dtype="int32")]))
+    for op in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"):
+        cases.append(Case(op, [np.round(f32(3, 4)), np.round(f32(4))]))
+        cases.append(Case(op, [ints(2, 3, 1, dtype="int64", lo=-3, hi=3), ints(5, dtype="int64", lo=-3, hi=3)]))
+        cases.append(Case(op, [ints(7, dtype="uint8", hi=4), ints(7, dtype="uint8", hi=4)]))
+    cases.append(Case("Equal", [bools(3, 4), bools(4)]))
+    for op in ("And", "Or", "Xor"):
+        cases.append(Case(op, [bools(3, 1, 4), bools(5, 1)]))
+    return cases
+
+
+def other_elementwise_cases() -> list[Case]:
+    cases = [
+        Case("Where", [bools(3, 1), f32(1, 4), f32(3, 4)]),
+        Case("Where", [bools(2, 3, 4), ints(4, dtype="int64"), ints(3, 1, dtype="int64")]),
+        Case("Where", [bools(5), bools(5), bools(1)]),
+    ]
+    for lo, hi in ((-0.5, 0.5), (-math.inf, 0.2), (-0.3, math.inf), (0.4, -0.4)):
+        cases.append(clip_case(f32(4, 5), lo, hi))
+    cases.append(clip_case(ints(4, 5, dtype="int8", lo=-100, hi=100), -10.0, 1000.0))  # 1000: past int8's range
+    for src, dst in (("float32", "int32"), ("float32", "bool"), ("int32", "float64"), ("bool", "float32"),
+                     ("int64", "int8"), ("uint8", "int64"), ("float64", "float32"), ("int8", "uint8")):  # fmt: skip
+        x = (f32(3, 5) * 20).astype(src) if src != "bool" else bools(3, 5)
+        if src in ("int8", "int64"):
+            x = ints(3, 5, dtype=src, lo=0, hi=100)
+        to = np_dtype_to_tensor_dtype(np.dtype(dst))
+        cases.append(Case("Cast", [x], {"to": dst}, {"to": to}))
+    cases.append(Case("Cast", [f32(4)], {"to": TensorProto.INT64}))  # the enum value works as well as the name
+    cases.append(Case("CastLike", [f32(3, 2) * 9, ints(1, dtype="int8")]))
+    cases += [
+        Case("Sum", [f32(3, 4), f32(4), f32(1, 1)], tol=ARITH),
+        Case("Sum", [ints(2, 3, dtype="int64"), ints(3, dtype="int64")]),
+        Case("Mean", [f32(3, 4), f32(3, 1), f32(4)], tol=ARITH),
+        Case("Max", [f32(2, 3), f32(3), f32(2, 1)]),
+        Case("Max", [ints(5, dtype="uint8")]),
+        Case("Min", [f32(4, 3), f32(1)]),
+        Case("Min", [ints(2, 3, dtype="int8"), ints(2, 1, dtype="int8")]),
+    ]
+    return cases
+
+
+def clip_case(x: np.ndarray, lo: float, hi: float) -> Case:
+    """Clip with bounds as attributes; ONNX takes them as optional inputs of x's dtype (omitted when unbounded)."""
+    bound = lambda v: None if math.isinf(v) or abs(v) >= 1000 else np.array(v, x.dtype)
+    onnx_in = [x, bound(lo), bound(hi)]
+    while onnx_in[-1] is None:
+        onnx_in.pop()
+    return Case("Clip", [x], {"min": lo, "max": hi}, {}, onnx_in)
+
+
+def reduce_cases() -> list[Case]:
+    cases = []
+    x = f32(3, 4, 5)
+    tol = {"ReduceSum": REDUCTION, "ReduceMean": REDUCTION, "ReduceMax": EXACT, "ReduceMin": EXACT,
+           "ReduceL1": REDUCTION, "ReduceL2": REDUCTION, "ReduceSumSquare": REDUCTION,
+           "ReduceLogSumExp": REDUCTION}  # fmt: skip
+    for op, t in tol.items():
+        for axes, keep in (([1], 1), ([0, 2], 0), ([], 1), ([2], 0), ([0, 1, 2], 0)):
+            a = {"axes": axes, "keepdims": keep, "noop_with_empty_axes": 0}
+            cases.append(Case(op, [x], a, {"keepdims": keep}, [x, i64(*axes)], tol=t))
+    cases.append(Case("ReduceLogSum", [pos(3, 4)], {"axes": [1], "keepdims": 1}, {"keepdims": 1}, [pos(1), i64(1)],
+                      tol=TRANSCENDENTAL))  # fmt: skip
+    cases.append(Case("ReduceSum", [x], {"axes": [], "keepdims": 1, "noop_with_empty_axes": 1},
+                      {"keepdims": 1, "noop_with_empty_axes": 1}, [x, np.zeros(0, np.int64)]))  # fmt: skip
+    for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean"):
+        xi = ints(4, 6, dtype="int32", lo=-50, hi=50)
+        cases.append(Case(op, [xi], {"axes": [1], "keepdims": 0}, {"keepdims": 0}, [xi, i64(1)]))
+    xu = ints(4, 6, dtype="uint8", hi=40)
+    cases.append(Case("ReduceMax", [xu], {"axes": [0], "keepdims": 1}, {"keepdims": 1}, [xu, i64(0)]))
+    for c in cases:  # ONNX's data input is the case's own
+        if c.onnx_inputs is not None:
+            c.onnx_inputs[0] = c.inputs[0]
+    ties = np.array([[1, 3, 3, 0], [2, 2, 2, 2], [5, -1, 5, 4]], np.float32)
+    for op in ("ArgMax", "ArgMin"):
+        for axis, keep, last in ((1, 1, 0), (1, 0, 1), (0, 1, 1), (0, 0, 0)):
+            cases.append(Case(op, [ties], {"axis": axis, "keepdims": keep, "select_last_index": last}))
+        cases.append(Case(op, [ints(3, 5, 2, dtype="int64", lo=-3, hi=3)], {"axis": 1, "keepdims": 0}))
+    cases.append(Case("GlobalAveragePool", [f32(2, 3, 5, 4)], tol=REDUCTION))
+    cases.append(Case("GlobalAveragePool", [f32(1, 2, 7)], tol=REDUCTION))
+    cases.append(Case("GlobalMaxPool", [f32(2, 3, 4, 3)]))
+    return cases
+
+
+def nn_cases() -> list[Case]:
+    cases = []
+    conv = lambda k, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), group=1: {
+        "kernel_shape": list(k), "strides": list(strides), "pads": list(pads), "dilations": list(dil), "group": group}
+    cases += [
+        Case("Conv", [f32(1, 3, 7, 8), f32(4, 3, 3, 3)], conv((3, 3)), tol=REDUCTION),
+        Case("Conv", [f32(2, 4, 9, 7), f32(6, 4, 3, 2), f32(6)], conv((3, 2), (2, 1), (1, 0, 2, 1)), tol=REDUCTION),
+        Case("Conv", [f32(1, 4, 9, 9), f32(4, 2, 3, 3)], conv((3, 3), pads=(2, 2, 2, 2), dil=(2, 2), group=2),
+             tol=REDUCTION),
+        # depthwise with a channel multiplier of 2
+        Case("Conv", [f32(1, 3, 6, 6), f32(6, 1, 3, 3), f32(6)], conv((3, 3), (2, 2), (1, 1, 1, 1), group=3),
+             tol=REDUCTION),
+        Case("Conv", [f64(1, 2, 5, 5), f64(3, 2, 1, 1)], conv((1, 1)), tol=REDUCTION),
+    ]  # fmt: skip
+    tconv = lambda k, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), group=1, opad=(0, 0): {
+        **conv(k, strides, pads, dil, group), "output_padding": list(opad)}
+    cases += [
+        Case("ConvTranspose", [f32(1, 3, 4, 5), f32(3, 2, 3, 3)], tconv((3, 3)), tol=REDUCTION),
+        Case("ConvTranspose", [f32(2, 2, 3, 4), f32(2, 3, 3, 2), f32(3)], tconv((3, 2), (2, 3), (1, 0, 0, 1)),
+             tol=REDUCTION),
+        # the reference evaluator reshapes a grouped ConvTranspose's weight wrongly: onnxruntime checks this one
+        Case("ConvTranspose", [f32(1, 4, 3, 3), f32(4, 1, 2, 2)], tconv((2, 2), (2, 2), group=2, opad=(1, 1)),
+             tol=REDUCTION, onnxruntime=True),
+        Case("ConvTranspose", [f32(1, 2, 4, 4), f32(2, 2, 3, 3)], tconv((3, 3), (1, 2), (2, 1, 1, 3), dil=(2, 1)),
+             tol=REDUCTION),
+    ]  # fmt: skip
+    pool = lambda k, strides=None, pads=None, ceil=0, dil=None, **kw: {
+        "kernel_shape": list(k), "strides": list(strides or [1] * len(k)), "pads": list(pads or [0] * 2 * len(k)),
+        "ceil_mode": ceil, **({"dilations": list(dil)} if dil else {}), **kw}  # fmt: skip
+    for x in (f32(1, 2, 7, 8),):
+        cases += [
+            Case("MaxPool", [x], pool((3, 3), (2, 2), (1, 1, 1, 1))),
+            Case("MaxPool", [x], pool((2, 3), (2, 2), (0, 1, 0, 0), ceil=1)),
+            Case("MaxPool", [x], pool((2, 2), (1, 2), dil=(2, 3), ceil=1)),
+            Case("MaxPool", [ints(1, 2, 5, 5, dtype="int8", lo=-100, hi=100)], pool((3, 3), (2, 2), (1, 1, 1, 1))),
+            Case("MaxPool", [f32(2, 3, 9)], pool((3,), (2,), (1, 1))),
+        ]
+        for include in (0, 1):
+            cases += [
+                Case("AveragePool", [x], pool((3, 3), (2, 2), (1, 1, 1, 1), count_include_pad=include), tol=ARITH),
+                Case("AveragePool", [x], pool((3, 2), (2, 3), (1, 0, 1, 1), ceil=1, count_include_pad=include),
+                     tol=ARITH),
+                Case("AveragePool", [x], pool((2, 2), (2, 2), (1, 1, 0, 0), dil=(2, 2), count_include_pad=include),
+                     opset=19, tol=ARITH),
+                Case("AveragePool", [f32(1, 2, 8)], pool((3,), (3,), (0, 2), ceil=1, count_include_pad=include),
+                     tol=ARITH),
+            ]  # fmt: skip
+    cases += [
+        Case("MatMul", [f32(5, 7), f32(7, 3)], tol=REDUCTION),
+        Case("MatMul", [f32(2, 5, 7), f32(2, 7, 3)], tol=REDUCTION),
+        Case("MatMul", [f32(3, 1, 4, 6), f32(2, 6, 5)], tol=REDUCTION),
+        Case("MatMul", [f32(6), f32(2, 6, 5)], tol=REDUCTION),
+        Case("MatMul", [f32(3, 4, 6), f32(6)], tol=REDUCTION),
+        Case("MatMul", [f32(6), f32(6)], tol=REDUCTION),
+        Case("MatMul", [ints(3, 4, dtype="int64"), ints(4, 2, dtype="int64")]),
+        Case("MatMul", [ints(2, 3, 4, dtype="int32"), ints(1, 4, 2, dtype="int32")]),
+    ]
+    gemm = lambda ta=0, tb=0, alpha=1.0, beta=1.0: {"transA": ta, "transB": tb, "alpha": alpha, "beta": beta}
+    cases += [
+        Case("Gemm", [f32(4, 6), f32(6, 3)], gemm(), tol=REDUCTION),
+        Case("Gemm", [f32(6, 4), f32(3, 6), f32(3)], gemm(1, 1, 0.5, 2.0), tol=REDUCTION),
+        Case("Gemm", [f32(4, 6), f32(3, 6), f32(4, 1)], gemm(0, 1), tol=REDUCTION),
+        Case("Gemm", [f32(4, 6), f32(6, 3), f32(4, 3)], gemm(alpha=2.0, beta=0.0), tol=REDUCTION),
+        Case("Gemm", [ints(3, 5, dtype="int64"), ints(5, 2, dtype="int64"), ints(1, 2, dtype="int64")], gemm()),
+    ]
+    dense_ref = lambda x, w, b=None: [x @ w.T + (0 if b is None else b)]
+    cases += [
+        Case("Dense", [f32(4, 6), f32(5, 6)], tol=REDUCTION, reference=dense_ref),
+        Case("Dense", [f32(4, 6), f32(5, 6), f32(5)], tol=REDUCTION, reference=dense_ref),
+    ]
+    for axis in (0, 1, 2):
+        cases.append(Case("Softmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=TRANSCENDENTAL))
+        cases.append(Case("LogSoftmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=REDUCTION))
+    cases.append(Case("Softmax", [f64(2, 9)], {"axis": 1}, tol=TRANSCENDENTAL))
+    ln = lambda axis, eps=1e-5: {"axis": axis, "epsilon": eps, "stash_type": 1}
+    cases += [
+        Case("LayerNormalization", [f32(3, 8), f32(8), f32(8)], ln(1), tol=REDUCTION),
+        Case("LayerNormalization", [f32(2, 3, 4), f32(3, 4), None], ln(1, 1e-3), tol=REDUCTION),
+        Case("LayerNormalization", [f32(2, 3, 4), f32(4), f32(1)], ln(1), tol=REDUCTION),
+        Case("LayerNormalization", [f32(2, 3, 4), f32(2, 3, 4), f32(2, 3, 4)], ln(0), tol=REDUCTION),
+    ]
+    c = 3
+    bn = [f32(2, c, 4, 5), f32(c), f32(c), f32(c), pos(c)]
+    cases.append(Case("BatchNormalization", bn, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}, tol=ARITH))
+    cases.append(Case("BatchNormalization", [f32(4, c), *bn[1:]], {"epsilon": 1e-3, "momentum": 0.9}, tol=ARITH))
+    cases.append(Case("InstanceNormalization", [f32(2, c, 4, 5), f32(c), f32(c)], {"epsilon": 1e-5}, tol=REDUCTION))
+    return cases
+
+
+def transform_cases() -> list[Case]:
+    x = f32(2, 3, 4)
+    cases = []
+    for shape in ((4, 6), (24,), (2, 12), (1, 2, 3, 4), (4, 3, 2), (2, 1, 12)):
+        cases.append(Case("Reshape", [x], {"shape": list(shape)}, {}, [x, i64(*shape)]))
+    xi = ints(2, 3, 4, dtype="int8")
+    cases.append(Case("Reshape", [xi], {"shape": [6, 4]}, {}, [xi, i64(6, 4)]))
+    cases += [Case("Flatten", [x], {"axis": a}) for a in (0, 1, 2, 3)]
+    y = f32(3, 1, 4, 1)
+    cases += [
+        Case("Squeeze", [y], {"axes": [1, 3]}, {}, [y, i64(1, 3)]),
+        Case("Squeeze", [y], {"axes": [3]}, {}, [y, i64(3)]),
+        Case("Unsqueeze", [x], {"axes": [0, 3]}, {}, [x, i64(0, 3)]),
+        Case("Unsqueeze", [x], {"axes": [3]}, {}, [x, i64(3)]),
+    ]
+    cases += [Case("Transpose", [x], {"perm": p}) for p in ([2, 0, 1], [0, 2, 1], [2, 1, 0])]
+    cases.append(Case("Transpose", [bools(2, 3)], {"perm": [1, 0]}))
+    cases += [
+        Case("Concat", [f32(2, 3), f32(2, 1), f32(2, 4)], {"axis": 1}),
+        Case("Concat", [ints(1, 3, dtype="int64"), ints(2, 3, dtype="int64")], {"axis": 0}),
+        Case("Concat", [f32(2, 2, 2)], {"axis": 2}),
+    ]
+    xs = f32(4, 7)
+    cases += [
+        Case("Split", [xs], {"axis": 1, "split": [2, 4, 1]}, {"axis": 1}, [xs, i64(2, 4, 1)]),
+        Case("Split", [xs], {"axis": 0, "split": [2, 2]}, {"axis": 0, "num_outputs": 2}, [xs]),
+    ]
+    xl = f32(5, 6, 7)
+    # (normalized starts, ends, axes, steps), ONNX starts/ends where they differ
+    for (st, en, ax, sp), onnx_se in (
+        (([1, 0], [4, 6], [0, 1], [1, 2]), None),
+        (([4], [0], [2], [-2]), None),
+        (([5], [-1], [1], [-1]), ([-1], [-100])),
+        (([0, 2, 6], [5, 6, -1], [0, 1, 2], [3, 1, -3]), ([0, 2, 6], [9, 6, -9])),
+    ):
+        s_on, e_on = onnx_se or (st, en)
+        cases.append(Case("Slice", [xl], {"starts": st, "ends": en, "axes": ax, "steps": sp}, {},
+                          [xl, i64(*s_on), i64(*e_on), i64(*ax), i64(*sp)]))  # fmt: skip
+    data = f32(5, 4, 3)
+    for idx, axis in (
+        (np.array([[0, 4], [-1, 2]], np.int64), 0),
+        (np.array([3, -4, 0], np.int32), 1),
+        (np.array(2, np.int64), 2),
+        (np.array([-3], np.int64), 2),
+    ):
+        cases.append(Case("Gather", [data, idx], {"axis": axis}))
+    cases.append(Case("Gather", [ints(6, dtype="int64"), np.array([[5, 0, -6]], np.int64)], {"axis": 0}))
+    cases += [
+        Case("Expand", [f32(3, 1)], {"shape": [2, 3, 4]}, {}, [f32(3, 1), i64(2, 3, 4)]),
+        Case("Expand", [f32(1, 4)], {"shape": [3, 1]}, {}, [f32(1, 4), i64(3, 1)]),
+        Case("Expand", [bools(2, 1)], {"shape": [2, 5]}, {}, [bools(2, 1), i64(2, 5)]),
+        Case("Tile", [f32(2, 3)], {"repeats": [2, 3]}, {}, [f32(2, 3), i64(2, 3)]),
+        Case("Tile", [ints(1, 3, dtype="int32")], {"repeats": [4, 1]}, {}, [ints(1, 3, dtype="int32"), i64(4, 1)]),
+    ]
+    for c in cases:
+        if c.op in ("Expand", "Tile"):
+            c.onnx_inputs[0] = c.inputs[0]
+    xp = f32(1, 3, 4, 5)
+    for mode, pads in (("constant", [0, 1, 2, 0, 0, 0, 1, 3]), ("reflect", [0, 0, 2, 3, 0, 0, 3, 1]),
+                       ("edge", [1, 0, 2, 1, 0, 1, 1, 4]),
+                       ("wrap", [0, 1, 2, 3, 0, 0, 1, 2])):  # fmt: skip
+        value = 1.5 if mode == "constant" else 0.0
+        onnx_in = [xp, i64(*pads)] + ([np.array(value, np.float32)] if mode == "constant" else [])
+        cases.append(Case("Pad", [xp], {"pads": pads, "mode": mode, "constant_value": value}, {"mode": mode},
+                          onnx_in, opset=19 if mode == "wrap" else 18))  # fmt: skip
+    xpi = ints(3, 4, dtype="int64")
+    cases.append(Case("Pad", [xpi], {"pads": [1, 0, 0, 2], "mode": "constant", "constant_value": 7.0},
+                      {"mode": "constant"}, [xpi, i64(1, 0, 0, 2), np.array(7, np.int64)]))  # fmt: skip
+    # opset 18's axes input: the frontend spreads the pads over every dim
+    cases.append(Case("Pad", [xp], {"pads": [0, 0, 1, 0, 0, 0, 0, 2], "mode": "constant", "constant_value": 0.0},
+                      {"mode": "constant"},
+                      [xp, i64(1, 0, 0, 2), np.array(0, np.float32), i64(2, -1)]))  # fmt: skip
+    # negative pads crop (the reference evaluator cannot: numpy slicing is the reference)
+    crop = {"pads": [0, 0, -1, 2, 0, 0, 1, -2], "mode": "constant", "constant_value": 1.5}
+    crop_ref = lambda a: [np.pad(a, ((0, 0), (0, 0), (0, 1), (2, 0)), constant_values=1.5)[:, :, 1:, :-2]]
+    cases.append(Case("Pad", [xp], crop, reference=crop_ref))
+    cases += resize_cases()
+    cases += [
+        Case("Identity", [f32(3, 2)]),
+        Case("Identity", [bools(4)]),
+        Case("Dropout", [f32(2, 5)]),
+    ]
+    return cases
+
+
+def resize_cases() -> list[Case]:
+    cases = []
+    x = f32(1, 2, 4, 5)
+    coords = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel")
+    nearest = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+    def case(x, sizes, mode, coord, nmode="round_prefer_floor", scales=None):
+        attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nmode, "sizes": list(sizes),
+                 "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
+        onnx_attrs = {k: v for k, v in attrs.items() if k != "sizes"}
+        if scales is None:
+            onnx_in = [x, None, None, i64(*sizes)]
+        else:
+            attrs["scales"] = list(scales)
+            onnx_in = [x, None, np.array(scales, np.float32)]
+        tol = EXACT if mode == "nearest" else ARITH
+        return Case("Resize", [x], attrs, onnx_attrs, onnx_in, tol=tol)
+
+    for coord in coords:
+        for nmode in nearest:
+            cases.append(case(x, (1, 2, 8, 3), "nearest", coord, nmode))
+        cases.append(case(x, (1, 2, 7, 10), "linear", coord))
+        cases.append(case(x, (1, 2, 3, 2), "linear", coord))
+        cases.append(case(x, (1, 2, 1, 5), "linear", coord))
+    # scales given (not sizes): the transform uses the scale itself, 2.5 here, not 10/4
+    cases.append(case(x, (1, 2, 10, 7), "nearest", "asymmetric", "round_prefer_ceil", scales=(1, 1, 2.5, 1.5)))
+    cases.append(case(x, (1, 2, 10, 7), "linear", "half_pixel", scales=(1, 1, 2.5, 1.5)))
+    cases.append(case(ints(2, 3, 3, dtype="int32"), (4, 6, 3), "nearest", "half_pixel"))
+    cases.append(case(ints(1, 1, 3, 3, dtype="uint8", hi=200), (1, 1, 5, 4), "linear", "align_corners"))
+    return cases
+
+
+CASES = unary_cases() + binary_cases() + other_elementwise_cases() + reduce_cases() + nn_cases() + transform_cases()
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for c in cases:
+        seen[c.op] = seen.get(c.op, -1) + 1
+        out.append(f"{c.op}-{seen[c.op]}")
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_op_matches_onnx_reference(case: Case):
+    got = run_tilefarm(case)
+    want = case.reference(*case.inputs) if case.reference else run_onnx(case, got)
+    rtol, atol = case.tol
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.shape == w.shape, f"shape {g.shape} != reference {w.shape}"
+        assert g.dtype == w.dtype or case.reference, f"dtype {g.dtype} != reference {w.dtype}"
+        np.testing.assert_allclose(g, w.astype(g.dtype), rtol=rtol, atol=atol, equal_nan=True)
+
+
+def test_every_op_has_cases():
+    assert set(ops.OPS) == {c.op for c in CASES}
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def ph(*shape, dtype="float32", name="x"):
+    return te.placeholder(shape, dtype, name)
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, error, match",
+    [
+        ("Exp", [ph(3, dtype="int32")], {}, UnsupportedDType, "Exp: input x has dtype int32"),
+        ("Add", [ph(3, 2), ph(4, name="y")], {}, InvalidExpr, "do not broadcast"),
+        ("Add", [ph(3), ph(3, dtype="float64", name="y")], {}, InvalidExpr, "must have one dtype"),
+        ("Cast", [ph(3)], {"to": 10}, UnsupportedDType, "ONNX data type 10"),
+        ("Reshape", [ph(2, 3)], {"shape": [4, 2]}, InvalidExpr, "sizes differ"),
+        ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 4, 4], "mode": "cubic"}, InvalidExpr, "cubic"),
+        ("Resize", [ph(2, 3, 3)], {"sizes": [4, 3, 3], "mode": "linear"}, InvalidExpr, "last two dims"),
+        ("Conv", [ph(1, 2, 5), ph(2, 2, 3, name="w")], {"kernel_shape": [3]}, InvalidExpr, "only 2-D"),
+        ("Slice", [ph(4)], {"starts": [2], "ends": [2], "axes": [0], "steps": [1]}, InvalidExpr, "empty"),
+        ("Pad", [ph(3)], {"pads": [3, 0], "mode": "reflect"}, InvalidExpr, "smaller than"),
+        ("BatchNormalization", [ph(1, 3, 2, 2), *(ph(3, name=f"p{i}") for i in range(4))], {"training_mode": 1},
+         InvalidExpr, "training_mode"),
+        ("Relu", [None], {}, InvalidExpr, "input 0"),
+    ],
+)  # fmt: skip
+def test_op_errors(op, inputs, attrs, error, match):
+    with pytest.raises(error, match=match):
+        ops.OPS[op](inputs, attrs, "n")
