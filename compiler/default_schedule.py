@@ -168,6 +168,8 @@ def _parallel(s: State, name: str, iters: list[str]) -> State:
 def _contiguous(s: State, name: str, axis: str) -> bool:
     """Every load steps by 0 or 1 element along `axis` (so vector loads, not gathers, serve it)."""
     for ld in _loads(s, s.stage(name).op.body):
+        if not ld.indices:
+            continue  # a scalar reads the same element at every step
         *outer, last = ld.indices
         if any(axis in te.free_vars(i) for i in outer):
             return False
