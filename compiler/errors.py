@@ -28,3 +28,19 @@ class LoweringError(TilefarmError):
 
 class BuildError(TilefarmError):
     """Code generation or linking failed."""
+
+
+class InvalidModel(TilefarmError):
+    """A model that is not valid ONNX, or whose shapes cannot be made static; the message says what to fix."""
+
+
+class UnsupportedOp(TilefarmError):
+    """Operators tilefarm cannot compile. `ops` maps every offending op type (with its domain when not the default
+    one) to the names of its nodes, so one error lists all of them; `notes` say why where it is not just the op."""
+
+    def __init__(self, ops: dict[str, list[str]], notes: list[str] | tuple[str, ...] = ()):
+        self.ops = {op: list(names) for op, names in ops.items()}
+        self.notes = list(notes)
+        listing = "; ".join(f"{op} ({'nodes' if len(n) > 1 else 'node'} {', '.join(n)})" for op, n in ops.items())
+        message = f"the model uses {len(ops)} unsupported operator type{'s' if len(ops) != 1 else ''}: {listing}"
+        super().__init__("\n  ".join([message, *self.notes]))

@@ -15,6 +15,33 @@ The frontend normalizes every node so that later stages never look at ONNX again
   `coordinate_transformation_mode`, `nearest_mode`, `cubic_coeff_a`; TopK `k`;
 - negative axes are made non-negative; data inputs left are real tensors (graph inputs, node outputs, or
   constants such as weights and Gather indices, held in `Value.const`).
+
+Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
+
+- Slice entries are sorted by axis and follow Python's `range(start, end, step)`: with a negative step `end` may be
+  -1, meaning "through index 0";
+- Reduce* `axes` is never empty for a non-scalar input (ONNX's empty axes become every axis;
+  `noop_with_empty_axes=1` with empty axes becomes `Identity`), so `noop_with_empty_axes` is always 0;
+- Expand `shape` is the full output shape; Pad `pads` has 2·rank entries (opset 18's `axes` input is resolved),
+  `constant_value` is a float;
+- Resize also has `scales` (one float per dim: the scale ONNX's coordinate transform uses, i.e. the given scales,
+  else sizes/input), `roi` (2·rank floats, begin..., end..., for tf_crop_and_resize), `exclude_outside`,
+  `extrapolation_value`, `antialias`; `axes` and `keep_aspect_ratio_policy` are resolved into `sizes`/`scales`;
+- ConvTranspose has `kernel_shape`, `strides`, `pads`, `dilations`, `group`, `output_padding`; `output_shape` and
+  `auto_pad` are resolved into `pads` (and `output_padding` when the output is larger than stride × input);
+- pools: MaxPool has `kernel_shape`, `strides`, `pads`, `dilations`, `ceil_mode`, `storage_order`; AveragePool the
+  same with `count_include_pad` instead of `storage_order`;
+- Softmax / LogSoftmax normalize over the single `axis` (opset-13 meaning). Before opset 13 they flattened the input
+  to 2-D at `axis`; that is written as Flatten(axis) → Softmax(axis=1) → Reshape(shape=input shape), or as one
+  Softmax(axis) when every dim after `axis` is 1;
+- Gather has `axis`; constant indices are made non-negative;
+- Cast `to` is a tilefarm dtype name (`"float32"`); CastLike becomes Cast;
+- Sum / Mean / Max / Min of N inputs become chains of binary Add / Max / Min (Mean then Divs by the constant N);
+  one input becomes Identity;
+- Dropout becomes Identity (a mask output that is read becomes a constant of ones); Identity is kept;
+- BatchNormalization (`epsilon`, `momentum`), LayerNormalization (`axis`, `epsilon`, `stash_type`) and MaxPool
+  have only their first output;
+- Constant, ConstantOfShape, Shape, Size and Range never appear: they are folded into constants at import.
 """
 
 from __future__ import annotations

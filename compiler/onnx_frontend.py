@@ -1,0 +1,986 @@
+"""ONNX → Graph: fix input shapes, fold everything constant, infer static shapes, normalize every node.
+
+`load(model, input_shapes)` reads a model (path, bytes or ModelProto) of opset 11–21 (older default-domain opsets are
+first upgraded to 11 with onnx's version converter) and returns a `Graph` whose nodes follow the contract in
+`compiler.graph`. Steps, in order:
+
+1. parse and check (`onnx.checker`); anything malformed is an `InvalidModel`;
+2. give every graph input a static shape: `input_shapes` first, then a symbolic leading (batch) dim defaults to 1;
+3. repeat {infer shapes (`onnx.shape_inference`, data propagation on), fold every node whose inputs are all constant
+   (and `Shape`/`Size` of a statically shaped value)} until nothing changes, so shape subgraphs such as
+   Shape → Gather → Concat → Reshape disappear;
+4. report every op that is left and unsupported in one `UnsupportedOp`, every value without a static shape as
+   `InvalidModel`;
+5. convert each node through its converter in `ONNX_OPS`. `Dropout` becomes `Identity`; `Identity` is kept (a later
+   pass removes both).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.reference
+import onnx.version_converter
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler import dtypes
+from compiler.errors import InvalidModel, UnsupportedDType, UnsupportedOp
+from compiler.graph import Graph, Node, TensorType, Value
+
+MIN_OPSET = 11
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# ops whose outputs are random or depend on state: never evaluated at compile time
+NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
+# ops that have no runtime form here: they must fold to constants
+FOLD_ONLY = {"Constant", "ConstantOfShape", "Shape", "Size", "Range"}
+# op -> inputs that must be compile-time constants (they become attributes, or the op only ever folds)
+PARAM_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
+    "Squeeze": (1,), "Unsqueeze": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
+}  # fmt: skip
+# constants up to this many elements stay initializers during shape inference so data propagation can read them;
+# bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
+SMALL_CONST = 1024
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Graph:
+    """Import an ONNX model as a normalized Graph with static shapes; see the module docstring for the steps."""
+    proto = _prepare(_read(model))
+    state = _State(proto, _opset(proto))
+    state.fix_inputs(input_shapes or {})
+    state.fold_to_fixpoint()
+    state.check_supported()
+    state.check_static()
+    return state.convert()
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]]:
+    """Parse the CLI form `x:[1,3,224,224],y:[1,8]` (names may contain ':', e.g. `input:0:[1,8]`)."""
+    shapes: dict[str, list[int]] = {}
+    pos, text = 0, text.strip()
+    item = re.compile(r"\s*([^\[\],]+?):\[([^\]]*)\]\s*(?:,|$)")
+    while pos < len(text):
+        m = item.match(text, pos)
+        if not m:
+            raise InvalidModel(
+                f"cannot parse input shapes {text!r} at {text[pos:]!r}; expected e.g. 'x:[1,3,224,224],y:[1,8]'"
+            )
+        dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        if not all(re.fullmatch(r"\d+", d) for d in dims):
+            raise InvalidModel(f"input shape of {m.group(1)!r} must list non-negative integers, got [{m.group(2)}]")
+        shapes[m.group(1).strip()] = [int(d) for d in dims]
+        pos = m.end()
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-like errors from the C++ parser
+            raise InvalidModel(f"not an ONNX model (protobuf parse failed: {e})") from None
+        return proto
+    path = Path(model)
+    if not path.is_file():
+        raise InvalidModel(f"no such model file: {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:
+        raise InvalidModel(f"{path} is not an ONNX model ({type(e).__name__}: {e})") from None
+
+
+def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Check the model, upgrade opsets older than 11 and inline model-local functions."""
+    if not proto.HasField("graph") or not proto.graph.output:
+        raise InvalidModel("not an ONNX model: it has no graph or the graph has no outputs")
+    _check(proto)
+    if _opset(proto) < MIN_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
+        except Exception as e:
+            raise InvalidModel(
+                f"opset {_opset(proto)} is older than {MIN_OPSET} and onnx could not upgrade it: {e}"
+            ) from None
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    return proto
+
+
+def _check(proto: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidModel(f"the model fails onnx.checker: {first}") from None
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    versions = [o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS]
+    return versions[0] if versions else MIN_OPSET
+
+
+# ---------------------------------------------------------------------------------------------- types
+
+
+@dataclass
+class _Type:
+    elem: int  # onnx TensorProto element type, 0 when unknown
+    shape: tuple[int, ...] | None  # None when unknown or not fully static
+
+    @property
+    def static(self) -> bool:
+        return self.elem != 0 and self.shape is not None
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> _Type:
+    if not vi.type.HasField("tensor_type"):
+        return _Type(0, None)
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return _Type(tt.elem_type, None)
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return _Type(tt.elem_type, None if None in dims else tuple(dims))
+
+
+def _np_dtype(elem: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+
+
+def _dtype_name(elem: int, what: str) -> str:
+    try:
+        return dtypes.check(str(_np_dtype(elem)))
+    except (UnsupportedDType, TypeError, KeyError) as e:
+        name = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else str(elem)
+        raise UnsupportedDType(f"{what} has ONNX dtype {name}, which tilefarm does not support ({e})") from None
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+
+
+# ---------------------------------------------------------------------------------------------- import state
+
+
+class _State:
+    """The model while it is folded and inferred: remaining nodes, constants by name, types by name."""
+
+    def __init__(self, proto: onnx.ModelProto, opset: int):
+        g = proto.graph
+        self.proto, self.opset = proto, opset
+        self.nodes: list[onnx.NodeProto] = [_named(n, i) for i, n in enumerate(g.node)]
+        self.consts: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            self.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
+        for t in g.sparse_initializer:
+            self.consts[t.values.name] = _to_array(t, f"sparse initializer {t.values.name!r}")
+        self.inputs = [vi for vi in g.input if vi.name not in self.consts]
+        self.outputs = [vi.name for vi in g.output]
+        self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
+        self.folded_types: dict[str, _Type] = {}
+
+    # -- step 2: static input shapes
+
+    def fix_inputs(self, given: dict[str, list[int]]) -> None:
+        names = [vi.name for vi in self.inputs]
+        unknown = [n for n in given if n not in names]
+        if unknown:
+            raise InvalidModel(
+                f"--input-shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
+                f"{', '.join(map(repr, names))}"
+            )
+        symbols = self._bind_symbols(given)
+        for vi in self.inputs:
+            self.types[vi.name] = _Type(vi.type.tensor_type.elem_type, self._input_shape(vi, given, symbols))
+
+    def _bind_symbols(self, given: dict[str, list[int]]) -> dict[str, int]:
+        """dim_param name -> size, from the shapes the user gave, so `batch` fixed on one input fixes it everywhere."""
+        symbols: dict[str, int] = {}
+        for vi in self.inputs:
+            if vi.name in given and vi.type.tensor_type.HasField("shape"):
+                dims = vi.type.tensor_type.shape.dim
+                if len(dims) == len(given[vi.name]):
+                    for d, size in zip(dims, given[vi.name]):
+                        if d.dim_param:
+                            symbols.setdefault(d.dim_param, size)
+        return symbols
+
+    def _input_shape(self, vi: onnx.ValueInfoProto, given: dict[str, list[int]], symbols: dict[str, int]):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InvalidModel(f"input {vi.name!r} is not a tensor; tilefarm compiles tensor inputs only")
+        if vi.name in given:
+            shape = tuple(given[vi.name])
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if len(dims) != len(shape):
+                    raise InvalidModel(f"input {vi.name!r} has rank {len(dims)} but --input-shapes gives {list(shape)}")
+                for i, (d, size) in enumerate(zip(dims, shape)):
+                    if d.HasField("dim_value") and d.dim_value != size:
+                        raise InvalidModel(
+                            f"input {vi.name!r} dim {i} is {d.dim_value} in the model but --input-shapes gives {size}"
+                        )
+            return shape
+        if not tt.HasField("shape"):
+            raise InvalidModel(
+                f"input {vi.name!r} has no shape in the model; pass it with --input-shapes "
+                f"(e.g. {vi.name}:[1,3,224,224])"
+            )
+        shape = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif d.dim_param in symbols:
+                shape.append(symbols[d.dim_param])
+            elif i == 0:
+                shape.append(1)  # an unknown leading dim is the batch: compile for one sample
+            else:
+                what = f"'{d.dim_param}'" if d.dim_param else "unknown"
+                example = ",".join(str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim)
+                raise InvalidModel(
+                    f"input {vi.name!r} dim {i} is {what}; fix it with --input-shapes (e.g. {vi.name}:[{example}])"
+                )
+        return tuple(shape)
+
+    # -- step 3: fold and infer
+
+    def fold_to_fixpoint(self) -> None:
+        self.infer()
+        while self.fold():
+            self.infer()
+
+    def infer(self) -> None:
+        g = helper.make_graph(
+            self.nodes,
+            "infer",
+            [
+                helper.make_tensor_value_info(vi.name, self.types[vi.name].elem, self.types[vi.name].shape)
+                for vi in self.inputs
+            ]
+            + [
+                helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                for n, a in self.consts.items()
+                if a.size > SMALL_CONST
+            ],
+            [helper.make_empty_tensor_value_info(n) for n in self.outputs],
+            initializer=[numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= SMALL_CONST],
+        )
+        model = helper.make_model(g, opset_imports=self.proto.opset_import, ir_version=max(self.proto.ir_version, 4))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as e:
+            raise InvalidModel(f"shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            t = _type_of(vi)
+            if t.elem != 0 or vi.name not in self.types:
+                self.types[vi.name] = t
+
+    def fold(self) -> bool:
+        kept: list[onnx.NodeProto] = []
+        for node in self.nodes:
+            values = self._evaluate(node)
+            if values is None:
+                kept.append(node)
+                continue
+            for name, value in zip(node.output, values):
+                if name:
+                    self.consts[name] = self._as_inferred(name, np.asarray(value))
+        changed = len(kept) != len(self.nodes)
+        self.nodes = kept
+        return changed
+
+    def _as_inferred(self, name: str, value: np.ndarray) -> np.ndarray:
+        # the reference evaluator occasionally widens dtypes; the model's declared type wins
+        t = self.types.get(name)
+        if t is not None and t.elem != 0 and value.dtype != object:
+            want = _np_dtype(t.elem)
+            if value.dtype != want:
+                value = value.astype(want)
+        return value
+
+    def _evaluate(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
+        """The outputs of `node` if they can be computed now, else None."""
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC:
+            return None
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None
+        if node.op_type in ("Shape", "Size") and node.input[0] not in self.consts:
+            t = self.types.get(node.input[0])
+            if t is None or t.shape is None:
+                return None
+            return [_shape_op(node, t.shape)]
+        args = [n for n in node.input if n]
+        if node.op_type == "CastLike" and node.input[0] in self.consts and self.types.get(node.input[1]):
+            if self.types[node.input[1]].elem:  # only the type of the second input matters
+                return [self.consts[node.input[0]].astype(_np_dtype(self.types[node.input[1]].elem))]
+        if not all(n in self.consts for n in args):
+            return None
+        if node.op_type == "Identity":
+            return [self.consts[node.input[0]]]
+        if node.op_type == "ConstantOfShape":
+            return [_constant_of_shape(node, self.consts[node.input[0]])]
+        try:
+            return onnx.reference.ReferenceEvaluator(node, opsets={"": self.opset}).run(
+                None, {n: self.consts[n] for n in args}
+            )
+        except Exception:
+            return None  # left as a node: either supported at run time or reported as unsupported
+
+    # -- step 4: checks
+
+    def check_supported(self) -> None:
+        ops: dict[str, list[str]] = {}
+        notes = []
+        for node in self.nodes:
+            name = node.name
+            if node.domain not in DEFAULT_DOMAINS:
+                ops.setdefault(f"{node.domain}.{node.op_type}", []).append(name)
+            elif node.op_type not in ONNX_OPS:
+                ops.setdefault(node.op_type, []).append(name)
+            elif node.op_type in FOLD_ONLY or self._runtime_params(node):
+                ops.setdefault(node.op_type, []).append(name)
+                notes.append(self._runtime_note(node, name))
+        if ops:
+            raise UnsupportedOp(ops, notes)
+
+    def _runtime_params(self, node: onnx.NodeProto) -> list[int]:
+        slots = PARAM_INPUTS.get(node.op_type, ())
+        return [i for i in slots if i < len(node.input) and node.input[i] and node.input[i] not in self.consts]
+
+    def _runtime_note(self, node: onnx.NodeProto, name: str) -> str:
+        if node.op_type in FOLD_ONLY and not self._runtime_params(node):
+            return f"{node.op_type} node {name!r} must fold to a constant, but could not be evaluated at compile time"
+        schema = onnx.defs.get_schema(node.op_type, self.opset)
+        slots = ", ".join(
+            f"{node.input[i]!r} ({schema.inputs[min(i, len(schema.inputs) - 1)].name})"
+            for i in self._runtime_params(node)
+        )
+        return (
+            f"{node.op_type} node {name!r}: input {slots} must be a compile-time constant, but is computed at run time"
+        )
+
+    def check_static(self) -> None:
+        for node in self.nodes:
+            for out in node.output:
+                t = self.types.get(out)
+                if out and (t is None or not t.static):
+                    raise InvalidModel(
+                        f"the shape of {out!r} (output of {node.op_type} node {node.name!r}) is not static "
+                        "after shape inference and constant folding; fix the input shapes with --input-shapes"
+                    )
+        for out in self.outputs:
+            if out not in self.consts and not (out in self.types and self.types[out].static):
+                raise InvalidModel(
+                    f"graph output {out!r} has no static shape; fix the input shapes with --input-shapes"
+                )
+
+    # -- step 5: convert
+
+    def convert(self) -> Graph:
+        conv = _Converter(self)
+        return conv.run()
+
+
+def _named(node: onnx.NodeProto, index: int) -> onnx.NodeProto:
+    """A copy of the node with a name to report: its own, or op_type and position in the model."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.name = node.name or f"{node.op_type}_{index}"
+    return copy
+
+
+def _to_array(t, what: str) -> np.ndarray:
+    try:
+        if isinstance(t, onnx.SparseTensorProto):
+            return _dense(t)
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise InvalidModel(f"cannot read {what}: {e}") from None
+
+
+def _dense(t: onnx.SparseTensorProto) -> np.ndarray:
+    values, indices = numpy_helper.to_array(t.values), numpy_helper.to_array(t.indices)
+    dense = np.zeros(math.prod(t.dims), values.dtype)
+    # indices are either flat positions [NNZ] or coordinates [NNZ, rank]
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), tuple(t.dims))
+    dense[flat] = values
+    return dense.reshape(tuple(t.dims))
+
+
+def _shape_op(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    if node.op_type == "Size":
+        return np.array(math.prod(shape), dtype=np.int64)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+    return np.array(shape[slice(start, end)], dtype=np.int64)
+
+
+def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> np.ndarray:
+    fill = np.zeros(1, np.float32)
+    for a in node.attribute:
+        if a.name == "value":
+            fill = numpy_helper.to_array(a.t).reshape(-1)
+    return np.full(tuple(int(s) for s in shape), fill[0], dtype=fill.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+
+
+class _NotConstant(Exception):
+    def __init__(self, note: str):
+        self.note = note
+
+
+@dataclass
+class _Ctx:
+    """What a converter sees of one ONNX node: its attributes, input/output Values and the opset."""
+
+    op: str
+    name: str
+    opset: int
+    attrs: dict[str, Any]
+    inputs: list[Value | None]
+    outputs: list[Value | None]
+    used: set[str]
+    conv: _Converter
+    onnx_outputs: list[str] = field(default_factory=list)
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def const(self, i: int, what: str) -> np.ndarray | None:
+        """Input i's constant data (None when omitted); a run-time value here cannot be compiled."""
+        v = self.input(i)
+        if v is None:
+            return None
+        if v.const is None:
+            raise _NotConstant(
+                f"{self.op} node {self.name!r}: input {v.name!r} ({what}) must be a compile-time "
+                "constant, but it is computed at run time"
+            )
+        return v.const
+
+    def ints(self, i: int, what: str) -> list[int] | None:
+        c = self.const(i, what)
+        return None if c is None else [int(x) for x in c.reshape(-1)]
+
+    def node(self, op: str, inputs, attrs: dict[str, Any] | None = None, outputs=None) -> Node:
+        outs = tuple(outputs) if outputs is not None else (self.outputs[0],)
+        return Node(op, tuple(inputs), outs, dict(attrs or {}), self.name)
+
+    def temp(self, suffix: str, shape: tuple[int, ...], dtype: str) -> Value:
+        return Value(self.conv.unique(f"{self.name}_{suffix}"), TensorType(tuple(shape), dtype))
+
+    def constant(self, suffix: str, array: np.ndarray) -> Value:
+        return Value(self.conv.unique(f"{self.name}_{suffix}"), TensorType(array.shape, str(array.dtype)), array)
+
+    def first_output_only(self) -> None:
+        """Drop optional extra outputs nothing reads; one that is read cannot be produced here."""
+        for name, v in zip(self.onnx_outputs[1:], self.outputs[1:]):
+            if v is not None and name in self.used:
+                raise _NotConstant(
+                    f"{self.op} node {self.name!r}: its output {name!r} is used, but tilefarm computes "
+                    "only the first output of this op"
+                )
+        self.outputs = self.outputs[:1]
+
+
+class _Converter:
+    def __init__(self, state: _State):
+        self.s = state
+        self.names: set[str] = set()
+        self.values: dict[str, Value] = {}
+
+    def unique(self, name: str) -> str:
+        base = _sanitize(name)
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def value(self, name: str) -> Value:
+        if name not in self.values:
+            const = self.s.consts.get(name)
+            if const is not None:
+                elem = TensorProto.STRING if const.dtype == object else helper.np_dtype_to_tensor_dtype(const.dtype)
+                shape, dtype = const.shape, _dtype_name(elem, f"constant {name!r}")
+            else:
+                t = self.s.types[name]
+                shape, dtype = t.shape, _dtype_name(t.elem, f"value {name!r}")
+            self.values[name] = Value(self.unique(name), TensorType(tuple(shape), dtype), const)
+        return self.values[name]
+
+    def run(self) -> Graph:
+        s = self.s
+        inputs = [self.value(vi.name) for vi in s.inputs]
+        used = {n for node in s.nodes for n in node.input if n} | set(s.outputs)
+        nodes: list[Node] = []
+        errors: dict[str, list[str]] = {}
+        notes: list[str] = []
+        for p in s.nodes:
+            name = p.name
+            ctx = _Ctx(
+                op=p.op_type,
+                name=_sanitize(name),
+                opset=s.opset,
+                attrs={a.name: _attr_value(a) for a in p.attribute},
+                inputs=[self.value(n) if n else None for n in p.input],
+                outputs=[self.value(n) if n else None for n in p.output],
+                used=used,
+                conv=self,
+                onnx_outputs=list(p.output),
+            )
+            try:
+                nodes.extend(ONNX_OPS[p.op_type](ctx))
+            except _NotConstant as e:
+                errors.setdefault(p.op_type, []).append(name)
+                notes.append(e.note)
+        if errors:
+            raise UnsupportedOp(errors, notes)
+        return Graph(inputs, [self.value(n) for n in s.outputs], nodes, _sanitize(s.proto.graph.name or "graph"))
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode() for x in v]
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------- converter helpers
+
+
+def _axis(a: int, rank: int) -> int:
+    return a + rank if a < 0 else a
+
+
+def _axes(axes, rank: int) -> list[int]:
+    return sorted(_axis(int(a), rank) for a in axes)
+
+
+def _filled(ctx: _Ctx, defaults: dict[str, Any]) -> dict[str, Any]:
+    """ONNX attributes with every default spelled out."""
+    return {k: ctx.attrs.get(k, d) for k, d in defaults.items()}
+
+
+def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
+    """Explicit pads for auto_pad SAME_UPPER/SAME_LOWER: output = ceil(in / stride), the odd pixel at the end/begin."""
+    begin, end = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else big)
+        end.append(big if auto_pad == "SAME_UPPER" else small)
+    return begin + end
+
+
+def _window_attrs(ctx: _Ctx, kernel: list[int]) -> dict[str, Any]:
+    """kernel_shape, strides, dilations and auto_pad resolved into pads, shared by Conv and the pools."""
+    n = len(kernel)
+    strides = list(ctx.attrs.get("strides", [1] * n))
+    dilations = list(ctx.attrs.get("dilations", [1] * n))
+    auto_pad = ctx.attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(auto_pad, ctx.inputs[0].shape[2:], kernel, strides, dilations)
+    elif auto_pad == "VALID":
+        pads = [0] * 2 * n
+    else:
+        pads = list(ctx.attrs.get("pads", [0] * 2 * n))
+    return {"kernel_shape": list(kernel), "strides": strides, "pads": pads, "dilations": dilations}
+
+
+def _plain(ctx: _Ctx) -> list[Node]:
+    """An op with no attributes and one output: passed through as it is."""
+    return [ctx.node(ctx.op, ctx.inputs)]
+
+
+# defaults of the elementwise ops whose only attributes are scalars
+SCALAR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "LeakyRelu": {"alpha": 0.01},
+    "Elu": {"alpha": 1.0},
+    "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+    "HardSigmoid": {"alpha": 0.2, "beta": 0.5},
+    "Gelu": {"approximate": "none"},
+    "Mod": {"fmod": 0},
+    "LRN": {"alpha": 0.0001, "beta": 0.75, "bias": 1.0, "size": 1},
+}
+
+
+def _with_defaults(ctx: _Ctx) -> list[Node]:
+    return [ctx.node(ctx.op, ctx.inputs, _filled(ctx, SCALAR_DEFAULTS[ctx.op]))]
+
+
+# ---------------------------------------------------------------------------------------------- converters
+
+
+def Conv(ctx: _Ctx) -> list[Node]:
+    kernel = ctx.attrs.get("kernel_shape", list(ctx.inputs[1].shape[2:]))
+    return [ctx.node("Conv", ctx.inputs, {**_window_attrs(ctx, kernel), "group": ctx.attrs.get("group", 1)})]
+
+
+def ConvTranspose(ctx: _Ctx) -> list[Node]:
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    kernel = ctx.attrs.get("kernel_shape", list(w.shape[2:]))
+    n = len(kernel)
+    strides = list(ctx.attrs.get("strides", [1] * n))
+    dilations = list(ctx.attrs.get("dilations", [1] * n))
+    out_pad = list(ctx.attrs.get("output_padding", [0] * n))
+    auto_pad = ctx.attrs.get("auto_pad", "NOTSET")
+    pads = list(ctx.attrs.get("pads", [0] * 2 * n))
+    if "output_shape" in ctx.attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # ONNX derives the pads from the wanted output size; the real output shape is what inference computed
+        pads = [0] * 2 * n
+        for i in range(n):
+            total = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
+            total -= ctx.outputs[0].shape[2 + i]
+            if total < 0:  # the output is larger than stride × input: the extra rows are output_padding
+                out_pad[i] -= total
+                total = 0
+            small, big = total // 2, total - total // 2
+            pads[i], pads[n + i] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        pads = [0] * 2 * n
+    attrs = {
+        "kernel_shape": list(kernel),
+        "strides": strides,
+        "pads": pads,
+        "dilations": dilations,
+        "group": ctx.attrs.get("group", 1),
+        "output_padding": out_pad,
+    }
+    return [ctx.node("ConvTranspose", ctx.inputs, attrs)]
+
+
+def Gemm(ctx: _Ctx) -> list[Node]:
+    attrs = _filled(ctx, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+    return [ctx.node("Gemm", ctx.inputs, attrs)]
+
+
+def BatchNormalization(ctx: _Ctx) -> list[Node]:
+    if ctx.attrs.get("training_mode", 0):
+        raise _NotConstant(f"BatchNormalization node {ctx.name!r} is in training mode; export the model for inference")
+    ctx.first_output_only()
+    return [ctx.node("BatchNormalization", ctx.inputs[:5], _filled(ctx, {"epsilon": 1e-5, "momentum": 0.9}))]
+
+
+def Clip(ctx: _Ctx) -> list[Node]:
+    lo, hi = ctx.const(1, "min"), ctx.const(2, "max")
+    attrs = {"min": -math.inf if lo is None else float(lo), "max": math.inf if hi is None else float(hi)}
+    return [ctx.node("Clip", ctx.inputs[:1], attrs)]
+
+
+def _pool(ctx: _Ctx) -> list[Node]:
+    ctx.first_output_only()  # MaxPool's optional Indices
+    attrs = _window_attrs(ctx, ctx.attrs["kernel_shape"])
+    attrs["ceil_mode"] = ctx.attrs.get("ceil_mode", 0)
+    if ctx.op == "MaxPool":
+        attrs["storage_order"] = ctx.attrs.get("storage_order", 0)
+    else:
+        attrs["count_include_pad"] = ctx.attrs.get("count_include_pad", 0)
+    return [ctx.node(ctx.op, ctx.inputs, attrs)]
+
+
+def _softmax(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    axis = _axis(ctx.attrs.get("axis", -1 if ctx.opset >= 13 else 1), rank)
+    if ctx.opset >= 13 or math.prod(x.shape[axis + 1 :]) == 1:  # then one axis is the same thing
+        return [ctx.node(ctx.op, [x], {"axis": axis})]
+    # before opset 13 the input is flattened to 2-D at `axis` and normalized over the whole second dim
+    flat = ctx.temp("flat", (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])), x.dtype)
+    soft = ctx.temp("2d", flat.shape, x.dtype)
+    return [
+        ctx.node("Flatten", [x], {"axis": axis}, [flat]),
+        ctx.node(ctx.op, [flat], {"axis": 1}, [soft]),
+        ctx.node("Reshape", [soft], {"shape": list(x.shape)}),
+    ]
+
+
+def LayerNormalization(ctx: _Ctx) -> list[Node]:
+    ctx.first_output_only()  # Mean and InvStdDev
+    rank = len(ctx.inputs[0].shape)
+    attrs = {
+        "axis": _axis(ctx.attrs.get("axis", -1), rank),
+        "epsilon": ctx.attrs.get("epsilon", 1e-5),
+        "stash_type": ctx.attrs.get("stash_type", 1),
+    }
+    return [ctx.node("LayerNormalization", ctx.inputs, attrs)]
+
+
+# from which opset each Reduce* takes `axes` as an input instead of an attribute
+AXES_INPUT_FROM = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+
+
+def _reduce(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    axes = ctx.ints(1, "axes") if ctx.opset >= AXES_INPUT_FROM[ctx.op] else ctx.attrs.get("axes")
+    if not axes:
+        if ctx.attrs.get("noop_with_empty_axes", 0):
+            return [ctx.node("Identity", [x])]
+        axes = list(range(rank))
+    attrs = {"axes": _axes(axes, rank), "keepdims": ctx.attrs.get("keepdims", 1), "noop_with_empty_axes": 0}
+    return [ctx.node(ctx.op, [x], attrs)]
+
+
+def Reshape(ctx: _Ctx) -> list[Node]:
+    ctx.const(1, "shape")  # a run-time shape cannot be compiled even though inference guessed the output
+    return [ctx.node("Reshape", ctx.inputs[:1], {"shape": list(ctx.outputs[0].shape)})]
+
+
+def Flatten(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.inputs[0].shape)
+    return [ctx.node("Flatten", ctx.inputs, {"axis": _axis(ctx.attrs.get("axis", 1), rank)})]
+
+
+def Transpose(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.inputs[0].shape)
+    perm = ctx.attrs.get("perm", list(reversed(range(rank))))
+    return [ctx.node("Transpose", ctx.inputs, {"perm": [_axis(p, rank) for p in perm]})]
+
+
+def Concat(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.outputs[0].shape)
+    return [ctx.node("Concat", ctx.inputs, {"axis": _axis(ctx.attrs["axis"], rank)})]
+
+
+def Split(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    axis = _axis(ctx.attrs.get("axis", 0), len(x.shape))
+    split = ctx.ints(1, "split") if ctx.opset >= 13 else ctx.attrs.get("split")
+    if not split:  # sizes follow from the outputs inference produced (equal parts, or num_outputs' ceil split)
+        split = [o.shape[axis] for o in ctx.outputs]
+    return [ctx.node("Split", [x], {"axis": axis, "split": list(split)}, ctx.outputs)]
+
+
+def Slice(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    starts, ends = ctx.ints(1, "starts"), ctx.ints(2, "ends")
+    axes = ctx.ints(3, "axes") or list(range(len(starts)))
+    steps = ctx.ints(4, "steps") or [1] * len(starts)
+    rows = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = _axis(axis, rank)
+        dim = x.shape[axis]
+        start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:  # walking backwards the end is exclusive, so -1 means "through index 0"
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        rows.append((axis, start, end, step))
+    rows.sort()
+    attrs = {
+        "starts": [r[1] for r in rows],
+        "ends": [r[2] for r in rows],
+        "axes": [r[0] for r in rows],
+        "steps": [r[3] for r in rows],
+    }
+    return [ctx.node("Slice", [x], attrs)]
+
+
+def Squeeze(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    axes = ctx.ints(1, "axes") if ctx.opset >= 13 else ctx.attrs.get("axes")
+    if axes is None or not axes:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    return [ctx.node("Squeeze", [x], {"axes": _axes(axes, len(x.shape))})]
+
+
+def Unsqueeze(ctx: _Ctx) -> list[Node]:
+    axes = ctx.ints(1, "axes") if ctx.opset >= 13 else ctx.attrs["axes"]
+    return [ctx.node("Unsqueeze", ctx.inputs[:1], {"axes": _axes(axes, len(ctx.outputs[0].shape))})]
+
+
+def Gather(ctx: _Ctx) -> list[Node]:
+    x, idx = ctx.inputs
+    axis = _axis(ctx.attrs.get("axis", 0), len(x.shape))
+    if idx.const is not None and (idx.const < 0).any():
+        idx = ctx.constant("indices", np.where(idx.const < 0, idx.const + x.shape[axis], idx.const))
+    return [ctx.node("Gather", [x, idx], {"axis": axis})]
+
+
+def Expand(ctx: _Ctx) -> list[Node]:
+    ctx.const(1, "shape")
+    return [ctx.node("Expand", ctx.inputs[:1], {"shape": list(ctx.outputs[0].shape)})]
+
+
+def Tile(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("Tile", ctx.inputs[:1], {"repeats": ctx.ints(1, "repeats")})]
+
+
+def Pad(ctx: _Ctx) -> list[Node]:
+    x = ctx.inputs[0]
+    rank = len(x.shape)
+    given = ctx.ints(1, "pads")
+    value = ctx.const(2, "constant_value")
+    axes = ctx.ints(3, "axes")
+    pads = given
+    if axes is not None:  # opset 18: pads only for the listed axes
+        axes = [_axis(a, rank) for a in axes]
+        pads = [0] * 2 * rank
+        for k, a in enumerate(axes):
+            pads[a], pads[rank + a] = given[k], given[len(axes) + k]
+    attrs = {
+        "pads": pads,
+        "constant_value": 0.0 if value is None or value.size == 0 else float(value.reshape(-1)[0]),
+        "mode": ctx.attrs.get("mode", "constant"),
+    }
+    return [ctx.node("Pad", [x], attrs)]
+
+
+def Resize(ctx: _Ctx) -> list[Node]:
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    rank = len(x.shape)
+    roi, scales = ctx.const(1, "roi"), ctx.const(2, "scales")
+    ctx.const(3, "sizes")  # only checked: the output shape inference computed from it is what counts
+    axes = [_axis(a, rank) for a in ctx.attrs.get("axes", range(rank))]
+    full_scales = [1.0] * rank
+    if scales is not None and scales.size:
+        for a, s in zip(axes, scales.reshape(-1)):
+            full_scales[a] = float(s)
+    else:  # sizes given: ONNX then scales by the ratio (after keep_aspect_ratio_policy, which inference applied)
+        for a in axes:
+            full_scales[a] = out.shape[a] / x.shape[a]
+    full_roi = [0.0] * rank + [1.0] * rank
+    if roi is not None and roi.size:
+        for k, a in enumerate(axes):
+            full_roi[a], full_roi[rank + a] = float(roi.reshape(-1)[k]), float(roi.reshape(-1)[len(axes) + k])
+    attrs = _filled(
+        ctx,
+        {
+            "mode": "nearest",
+            "coordinate_transformation_mode": "half_pixel",
+            "nearest_mode": "round_prefer_floor",
+            "cubic_coeff_a": -0.75,
+            "exclude_outside": 0,
+            "extrapolation_value": 0.0,
+            "antialias": 0,
+        },
+    )
+    attrs.update(sizes=list(out.shape), scales=full_scales, roi=full_roi)
+    return [ctx.node("Resize", [x], attrs)]
+
+
+def Dropout(ctx: _Ctx) -> list[Node]:
+    training = ctx.const(2, "training_mode")
+    if training is not None and bool(training):
+        raise _NotConstant(f"Dropout node {ctx.name!r} is in training mode; export the model for inference")
+    if len(ctx.outputs) > 1 and ctx.outputs[1] is not None:  # at inference the mask keeps everything
+        ctx.outputs[1].const = np.ones(ctx.outputs[1].shape, dtype=bool)
+    return [ctx.node("Identity", ctx.inputs[:1], {}, ctx.outputs[:1])]
+
+
+def Cast(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("Cast", ctx.inputs[:1], {"to": ctx.outputs[0].dtype})]
+
+
+def _variadic(ctx: _Ctx) -> list[Node]:
+    """Sum/Max/Min/Mean of N inputs as a chain of binary Add/Max/Min (Mean then divides by N)."""
+    binary = {"Sum": "Add", "Mean": "Add", "Max": "Max", "Min": "Min"}[ctx.op]
+    out = ctx.outputs[0]
+    args = [v for v in ctx.inputs if v is not None]
+    if len(args) == 1 and ctx.op != "Mean":
+        return [ctx.node("Identity", args)]
+    nodes, acc = [], args[0]
+    for k, v in enumerate(args[1:]):
+        last = k == len(args) - 2 and ctx.op != "Mean"
+        shape = np.broadcast_shapes(acc.shape, v.shape)
+        res = out if last else ctx.temp(f"acc{k}", shape, out.dtype)
+        nodes.append(ctx.node(binary, [acc, v], {}, [res]))
+        acc = res
+    if ctx.op == "Mean":
+        n = ctx.constant("count", np.array(len(args), dtype=dtypes.numpy(out.dtype)))
+        nodes.append(ctx.node("Div", [acc, n]))
+    return nodes
+
+
+def TopK(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.inputs[0].shape)
+    attrs = {
+        "k": ctx.ints(1, "k")[0],
+        "axis": _axis(ctx.attrs.get("axis", -1), rank),
+        "largest": ctx.attrs.get("largest", 1),
+        "sorted": ctx.attrs.get("sorted", 1),
+    }
+    return [ctx.node("TopK", ctx.inputs[:1], attrs, ctx.outputs)]
+
+
+def _fold_only(ctx: _Ctx) -> list[Node]:
+    raise _NotConstant(f"{ctx.op} node {ctx.name!r} must fold to a constant, but its inputs are only known at run time")
+
+
+PLAIN_OPS = [
+    "MatMul", "Relu", "PRelu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Pow", "Reciprocal",
+    "Neg", "Abs", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Softplus", "Add", "Sub", "Mul", "Div", "Equal",
+    "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not", "And", "Or", "Xor", "GlobalAveragePool",
+    "GlobalMaxPool", "Identity",
+]  # fmt: skip
+
+# op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
+ONNX_OPS: dict[str, Callable[[_Ctx], list[Node]]] = {
+    **dict.fromkeys(PLAIN_OPS, _plain),
+    **dict.fromkeys(SCALAR_DEFAULTS, _with_defaults),
+    "Conv": Conv,
+    "ConvTranspose": ConvTranspose,
+    "Gemm": Gemm,
+    "BatchNormalization": BatchNormalization,
+    "Clip": Clip,
+    "MaxPool": _pool,
+    "AveragePool": _pool,
+    "Softmax": _softmax,
+    "LogSoftmax": _softmax,
+    "LayerNormalization": LayerNormalization,
+    **dict.fromkeys(AXES_INPUT_FROM, _reduce),
+    "Reshape": Reshape,
+    "Flatten": Flatten,
+    "Transpose": Transpose,
+    "Concat": Concat,
+    "Split": Split,
+    "Slice": Slice,
+    "Squeeze": Squeeze,
+    "Unsqueeze": Unsqueeze,
+    "Gather": Gather,
+    "Expand": Expand,
+    "Tile": Tile,
+    "Pad": Pad,
+    "Resize": Resize,
+    "Dropout": Dropout,
+    "Cast": Cast,
+    "CastLike": Cast,
+    "Sum": _variadic,
+    "Mean": _variadic,
+    "Max": _variadic,
+    "Min": _variadic,
+    "TopK": TopK,
+    **dict.fromkeys(FOLD_ONLY, _fold_only),
+}

@@ -1,0 +1,535 @@
+"""The ONNX frontend: normalization rules, folding, input shapes, errors, and the ONNX conformance models."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.errors import InvalidModel, UnsupportedDType, UnsupportedOp
+from compiler.onnx_frontend import ONNX_OPS, PARAM_INPUTS, load, parse_input_shapes
+
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64
+BIG = np.iinfo(np.int64).max
+
+
+def make(nodes, inputs, outputs, opset=13, inits=(), domains=()):
+    """A model from (name, elem, shape) inputs/outputs and {name: array} initializers, IR version 8."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in dict(inits).items()],
+    )
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(graph, opset_imports=imports, ir_version=8)
+    # onnx.checker wants typed graph outputs: let onnx's inference write the ones left open (shape None)
+    inferred = onnx.shape_inference.infer_shapes(model).graph.output
+    for i, (_, _, shape) in enumerate(outputs):
+        if shape is None and inferred[i].type.tensor_type.HasField("shape"):
+            model.graph.output[i].CopyFrom(inferred[i])
+    return model
+
+
+def ints(*v):
+    return np.array(v, dtype=np.int64)
+
+
+def only(graph, op=None):
+    """The graph's single node (of type `op` when given)."""
+    nodes = [n for n in graph.nodes if op is None or n.op == op]
+    assert len(nodes) == 1, [str(n) for n in graph.nodes]
+    return nodes[0]
+
+
+def ort_shapes(model, shapes):
+    """Output shapes onnxruntime computes on random inputs of the given shapes."""
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        dtype = {"tensor(float)": np.float32, "tensor(int64)": np.int64}[i.type]
+        feeds[i.name] = rng.random(shapes[i.name]).astype(dtype)
+    return [tuple(o.shape) for o in sess.run(None, feeds)]
+
+
+def conv_model(auto_pad, stride=1, kernel=2, opset=13):
+    w = np.ones((2, 1, kernel, kernel), np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=auto_pad, strides=[stride, stride])
+    return make([node], [("x", F, [1, 1, 5, 5])], [("y", F, None)], opset, {"w": w})
+
+
+# ---------------------------------------------------------------------------------------------- normalization rules
+
+
+@pytest.mark.parametrize(
+    "auto_pad, stride, pads",
+    [("SAME_UPPER", 1, [0, 0, 1, 1]), ("SAME_LOWER", 1, [1, 1, 0, 0]), ("VALID", 1, [0, 0, 0, 0]),
+     ("SAME_UPPER", 2, [0, 0, 1, 1]), ("NOTSET", 1, [0, 0, 0, 0])],
+)  # fmt: skip
+def test_conv_auto_pad_becomes_pads(auto_pad, stride, pads):
+    model = conv_model(auto_pad, stride)
+    g = load(model)
+    n = only(g)
+    assert n.attrs == {"kernel_shape": [2, 2], "strides": [stride] * 2, "pads": pads, "dilations": [1, 1], "group": 1}
+    assert [o.shape for o in g.outputs] == ort_shapes(model, {"x": [1, 1, 5, 5]})
+
+
+def test_pool_auto_pad_and_defaults():
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")
+    model = make([node], [("x", F, [1, 2, 5, 5])], [("y", F, None)])
+    g = load(model)
+    assert only(g).attrs == {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1],
+                             "ceil_mode": 0, "storage_order": 0}  # fmt: skip
+    assert g.outputs[0].shape == (1, 2, 3, 3) == ort_shapes(model, {"x": [1, 2, 5, 5]})[0]
+
+
+def test_reshape_zero_and_minus_one_resolved():
+    node = helper.make_node("Reshape", ["x", "s"], ["y"])
+    model = make([node], [("x", F, [2, 3, 4])], [("y", F, None)], inits={"s": ints(0, -1)})
+    g = load(model)
+    assert only(g).attrs == {"shape": [2, 12]} and only(g).inputs == (g.inputs[0],)
+    assert g.outputs[0].shape == ort_shapes(model, {"x": [2, 3, 4]})[0]
+
+
+@pytest.mark.parametrize(
+    "starts, ends, axes, steps, want",
+    [
+        ([-3, 0], [BIG, -1], [0, 1], [1, 2], {"starts": [7, 0], "ends": [10, 7], "axes": [0, 1], "steps": [1, 2]}),
+        ([-1], [-BIG], [1], [-1], {"starts": [7], "ends": [-1], "axes": [1], "steps": [-1]}),
+        ([20, 1], [30, 3], [-1, 0], [1, 1], {"starts": [1, 8], "ends": [3, 8], "axes": [0, 1], "steps": [1, 1]}),
+    ],
+)
+def test_slice_clamped_and_listed(starts, ends, axes, steps, want):
+    node = helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["y"])
+    inits = {"st": ints(*starts), "en": ints(*ends), "ax": ints(*axes), "sp": ints(*steps)}
+    model = make([node], [("x", F, [10, 8])], [("y", F, None)], inits=inits)
+    g = load(model)
+    assert only(g).attrs == want
+    assert g.outputs[0].shape == ort_shapes(model, {"x": [10, 8]})[0]
+
+
+@pytest.mark.parametrize(
+    "op, opset, by_input, axes, keepdims, want_axes, shape",
+    [
+        ("ReduceMean", 13, False, [-1], 1, [2], (2, 3, 1)),
+        ("ReduceMean", 18, True, [0, -1], 0, [0, 2], (3,)),
+        ("ReduceSum", 13, True, [1], 1, [1], (2, 1, 4)),
+        ("ReduceSum", 11, False, [1], 0, [1], (2, 4)),
+        ("ReduceMax", 17, False, None, 0, [0, 1, 2], ()),
+        ("ReduceMin", 20, True, None, 1, [0, 1, 2], (1, 1, 1)),
+    ],
+)
+def test_reduce_axes_by_attribute_or_input(op, opset, by_input, axes, keepdims, want_axes, shape):
+    inits, names, attrs = {}, ["x"], {"keepdims": keepdims}
+    if axes is not None and by_input:
+        inits["a"], names = ints(*axes), ["x", "a"]
+    elif axes is not None:
+        attrs["axes"] = axes
+    model = make([helper.make_node(op, names, ["y"], **attrs)], [("x", F, [2, 3, 4])], [("y", F, None)], opset, inits)
+    g = load(model)
+    assert only(g).attrs == {"axes": want_axes, "keepdims": keepdims, "noop_with_empty_axes": 0}
+    assert g.outputs[0].shape == shape == ort_shapes(model, {"x": [2, 3, 4]})[0]
+
+
+def test_reduce_noop_with_empty_axes_is_identity():
+    node = helper.make_node("ReduceSum", ["x"], ["y"], noop_with_empty_axes=1)
+    g = load(make([node], [("x", F, [2, 3])], [("y", F, None)], 13))
+    assert only(g).op == "Identity"
+
+
+@pytest.mark.parametrize(
+    "opset, how, sizes",
+    [(11, "attr", [2, 5]), (13, "input", [2, 5]), (13, "none", [4, 3]), (18, "num_outputs", [3, 3, 1])],
+)
+def test_split_sizes_always_listed(opset, how, sizes):
+    n_out = len(sizes)
+    outs = [f"y{i}" for i in range(n_out)]
+    total = sum(sizes) if how != "none" else 7
+    inits, attrs, names = {}, {"axis": -1}, ["x"]
+    if how == "attr":
+        attrs["split"] = sizes
+    elif how == "input":
+        inits["s"], names = ints(*sizes), ["x", "s"]
+    elif how == "num_outputs":
+        attrs["num_outputs"] = n_out
+    if how == "none":
+        n_out, outs, total, sizes = 2, ["y0", "y1"], 8, [4, 4]
+    model = make([helper.make_node("Split", names, outs, **attrs)], [("x", F, [2, total])],
+                 [(o, F, None) for o in outs], opset, inits)  # fmt: skip
+    g = load(model)
+    assert only(g).attrs == {"axis": 1, "split": sizes}
+    assert [o.shape for o in g.outputs] == ort_shapes(model, {"x": [2, total]})
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_before_opset_13_coerces_to_2d(op):
+    model = make([helper.make_node(op, ["x"], ["y"], axis=1)], [("x", F, [2, 3, 4])], [("y", F, None)], 11)
+    g = load(model)
+    assert [n.op for n in g.nodes] == ["Flatten", op, "Reshape"]
+    assert (
+        g.nodes[0].attrs == {"axis": 1} and g.nodes[1].attrs == {"axis": 1} and g.nodes[2].attrs == {"shape": [2, 3, 4]}
+    )
+    assert g.nodes[1].inputs[0].shape == (2, 12)
+    assert g.outputs[0].shape == ort_shapes(model, {"x": [2, 3, 4]})[0]
+
+
+def test_softmax_one_axis_from_opset_13_and_on_the_last_axis():
+    g13 = load(make([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", F, [2, 3, 4])], [("y", F, None)], 13))
+    assert only(g13).attrs == {"axis": 1}
+    g11 = load(make([helper.make_node("Softmax", ["x"], ["y"])], [("x", F, [2, 3, 4])], [("y", F, None)], 11))
+    assert [n.op for n in g11.nodes] == ["Flatten", "Softmax", "Reshape"]  # opset 11's default axis is 1
+    last = load(make([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", F, [2, 3, 4])], [("y", F, None)], 11))
+    assert only(last).attrs == {"axis": 2}
+
+
+def test_clip_bounds_from_inputs():
+    nodes = [helper.make_node("Clip", ["x", "lo"], ["y"]), helper.make_node("Clip", ["y", "", "hi"], ["z"]),
+             helper.make_node("Clip", ["z"], ["w"])]  # fmt: skip
+    g = load(make(nodes, [("x", F, [4])], [("w", F, None)], 13, {"lo": np.float32(-1), "hi": np.float32(6)}))
+    assert [n.attrs for n in g.nodes] == [{"min": -1.0, "max": np.inf}, {"min": -np.inf, "max": 6.0},
+                                          {"min": -np.inf, "max": np.inf}]  # fmt: skip
+    assert all(len(n.inputs) == 1 for n in g.nodes)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_squeeze_without_axes_and_unsqueeze_negative_axes(opset):
+    axes = {"axes": [-1, 0]} if opset < 13 else {}
+    nodes = [helper.make_node("Squeeze", ["x"], ["y"]),
+             helper.make_node("Unsqueeze", ["y", "a"] if opset >= 13 else ["y"], ["z"], **axes)]  # fmt: skip
+    model = make(nodes, [("x", F, [1, 3, 1, 2])], [("z", F, None)], opset, {"a": ints(-1, 0)} if opset >= 13 else {})
+    g = load(model)
+    assert g.nodes[0].attrs == {"axes": [0, 2]} and g.nodes[1].attrs == {"axes": [0, 3]}
+    assert g.outputs[0].shape == (1, 3, 2, 1) == ort_shapes(model, {"x": [1, 3, 1, 2]})[0]
+
+
+def test_gather_axis_and_negative_constant_indices():
+    node = helper.make_node("Gather", ["x", "i"], ["y"], axis=-1)
+    g = load(make([node], [("x", F, [2, 5])], [("y", F, None)], 13, {"i": ints(-1, 0)}))
+    n = only(g)
+    assert n.attrs == {"axis": 1} and n.inputs[1].const.tolist() == [4, 0]
+
+
+def test_pad_resize_expand_tile_constant_inputs_become_attributes():
+    nodes = [
+        helper.make_node("Pad", ["x", "p", "v"], ["a"], mode="constant"),
+        helper.make_node("Resize", ["a", "", "s"], ["b"], mode="linear"),
+        helper.make_node("Expand", ["b", "e"], ["c"]),
+        helper.make_node("Tile", ["c", "t"], ["d"]),
+    ]
+    inits = {"p": ints(0, 0, 1, 1, 0, 0, 1, 1), "v": np.float32(0.5), "s": np.array([1, 1, 2, 1.5], np.float32),
+             "e": ints(2, 1, 1, 1), "t": ints(1, 1, 1, 2)}  # fmt: skip
+    model = make(nodes, [("x", F, [1, 3, 4, 4])], [("d", F, None)], 13, inits)
+    g = load(model)
+    pad, resize, expand, tile = g.nodes
+    assert pad.attrs == {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "constant_value": 0.5, "mode": "constant"}
+    assert resize.attrs["sizes"] == [1, 3, 12, 9] and resize.attrs["scales"] == [1.0, 1.0, 2.0, 1.5]
+    assert resize.attrs["mode"] == "linear" and resize.attrs["coordinate_transformation_mode"] == "half_pixel"
+    assert expand.attrs == {"shape": [2, 3, 12, 9]} and tile.attrs == {"repeats": [1, 1, 1, 2]}
+    assert all(len(n.inputs) == 1 for n in g.nodes)
+    assert g.outputs[0].shape == ort_shapes(model, {"x": [1, 3, 4, 4]})[0]
+
+
+def test_conv_transpose_output_shape_becomes_pads():
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_shape=[10, 8])
+    model = make([node], [("x", F, [1, 1, 4, 4])], [("y", F, None)], 13, {"w": np.ones((1, 2, 3, 3), np.float32)})
+    g = load(model)
+    a = only(g).attrs
+    assert "output_shape" not in a and a["kernel_shape"] == [3, 3] and a["strides"] == [2, 2]
+    for i, size in enumerate([10, 8]):  # out = stride*(in-1) + output_padding + kernel - pads
+        assert 2 * 3 + a["output_padding"][i] + 3 - a["pads"][i] - a["pads"][2 + i] == size
+    assert g.outputs[0].shape == (1, 2, 10, 8) == ort_shapes(model, {"x": [1, 1, 4, 4]})[0]
+
+
+def test_variadic_sum_mean_become_binary_chains():
+    nodes = [helper.make_node("Sum", ["x", "y", "z"], ["s"]), helper.make_node("Mean", ["s", "x"], ["m"])]
+    model = make(nodes, [(n, F, [2, 3]) for n in "xyz"], [("m", F, None)])
+    g = load(model)
+    assert [n.op for n in g.nodes] == ["Add", "Add", "Add", "Div"]
+    assert g.nodes[-1].inputs[1].const == 2
+
+
+def test_defaults_are_filled_in():
+    nodes = [
+        helper.make_node("LeakyRelu", ["x"], ["a"]),
+        helper.make_node("Gemm", ["a", "w"], ["b"], transB=1),
+        helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT64),
+        helper.make_node("Dropout", ["c"], ["d"]),
+    ]
+    g = load(make(nodes, [("x", F, [2, 3])], [("d", I64, None)], 13, {"w": np.ones((4, 3), np.float32)}))
+    assert [n.op for n in g.nodes] == ["LeakyRelu", "Gemm", "Cast", "Identity"]
+    assert g.nodes[0].attrs == {"alpha": 0.01}
+    assert g.nodes[1].attrs == {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}
+    assert g.nodes[2].attrs == {"to": "int64"} and g.outputs[0].type.dtype == "int64"
+
+
+# ---------------------------------------------------------------------------------------------- folding
+
+
+def shape_subgraph_model(batch="N"):
+    """What converters write for `x.reshape(x.shape[0], -1)`: Shape → Gather → Unsqueeze → Concat → Reshape."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Constant", [], ["zero"], value_int=0),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
+        helper.make_node("Constant", [], ["minus1"], value_ints=[-1]),
+        helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    return make(nodes, [("x", F, [batch, 3, 4, 4])], [("z", F, [batch, 48])], 13, {"ax": ints(0)})
+
+
+def test_shape_subgraph_folds_away():
+    g = load(shape_subgraph_model())
+    assert [n.op for n in g.nodes] == ["Reshape", "Relu"]
+    assert g.nodes[0].attrs == {"shape": [1, 48]}
+    g4 = load(shape_subgraph_model(), {"x": [4, 3, 4, 4]})
+    assert g4.nodes[0].attrs == {"shape": [4, 48]} and g4.outputs[0].shape == (4, 48)
+    assert ort_shapes(shape_subgraph_model(), {"x": [4, 3, 4, 4]}) == [(4, 48)]
+
+
+def test_constant_of_shape_range_cast_fold():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], start=1),
+        helper.make_node("ConstantOfShape", ["s"], ["ones"], value=helper.make_tensor("v", F, [1], [1.0])),
+        helper.make_node("Range", ["r0", "r1", "r2"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=F),
+        helper.make_node("Mul", ["ones", "rf"], ["k"]),
+        helper.make_node("Add", ["x", "k"], ["y"]),
+    ]
+    inits = {"r0": np.int64(0), "r1": np.int64(4), "r2": np.int64(1)}
+    g = load(make(nodes, [("x", F, [2, 3, 4])], [("y", F, None)], 17, inits))
+    n = only(g)
+    assert n.op == "Add" and n.inputs[1].const.tolist() == [[0, 1, 2, 3]] * 3
+
+
+def test_constant_node_weights_in_every_form():
+    w = helper.make_tensor("w", F, [2, 1, 1, 1], [2.0, 3.0])
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=w),
+        helper.make_node("Constant", [], ["b"], value_floats=[0.5, 0.25]),
+        helper.make_node("Conv", ["x", "w", "b"], ["y"]),
+        helper.make_node("Constant", [], ["k"], value_float=2.0),
+        helper.make_node("Mul", ["y", "k"], ["z"]),
+    ]
+    g = load(make(nodes, [("x", F, [1, 1, 3, 3])], [("z", F, None)]))
+    conv, mul = g.nodes
+    assert conv.inputs[1].const.reshape(-1).tolist() == [2.0, 3.0] and conv.inputs[2].const.tolist() == [0.5, 0.25]
+    assert mul.inputs[1].const == 2.0 and mul.inputs[1].dtype == "float32"
+    assert {v.name for v in g.constants()} == {"w", "b", "k"}
+
+
+# ---------------------------------------------------------------------------------------------- input shapes
+
+
+def sym_model(dims):
+    return make([helper.make_node("Relu", ["x"], ["y"])], [("x", F, dims)], [("y", F, None)])
+
+
+def test_symbolic_batch_defaults_to_one_and_input_shapes_fix_it():
+    assert load(sym_model(["batch", 8])).inputs[0].shape == (1, 8)
+    assert load(sym_model(["batch", 8]), {"x": [6, 8]}).outputs[0].shape == (6, 8)
+    assert load(sym_model([None, 8])).inputs[0].shape == (1, 8)  # an unnamed unknown dim
+    assert load(sym_model(["b", "n"]), {"x": [2, 5]}).inputs[0].shape == (2, 5)
+
+
+def test_symbol_bound_on_one_input_fixes_the_others():
+    node = helper.make_node("Add", ["x", "y"], ["z"])
+    model = make([node], [("x", F, ["b", "len"]), ("y", F, ["b", "len"])], [("z", F, None)])
+    g = load(model, {"x": [3, 7]})
+    assert [v.shape for v in g.inputs] == [(3, 7), (3, 7)]
+
+
+@pytest.mark.parametrize(
+    "dims, given, match",
+    [
+        (["batch", "len"], None, r"input 'x' dim 1 is 'len'.*--input-shapes"),
+        (["batch", 8], {"x": [1, 9]}, "dim 1 is 8 in the model"),
+        (["batch", 8], {"x": [1, 8, 1]}, "rank 2"),
+        (["batch", 8], {"nope": [1, 8]}, "model's inputs are 'x'"),
+    ],
+)
+def test_unresolved_or_wrong_input_shapes(dims, given, match):
+    with pytest.raises(InvalidModel, match=match):
+        load(sym_model(dims), given)
+
+
+def test_parse_input_shapes():
+    assert parse_input_shapes("x:[1,3,224,224],y:[1,8]") == {"x": [1, 3, 224, 224], "y": [1, 8]}
+    assert parse_input_shapes(" input:0:[1, 8] , s:[] ") == {"input:0": [1, 8], "s": []}
+    for bad in ["x:[1,a]", "x=[1]", "x:[1", "x:[-1]"]:
+        with pytest.raises(InvalidModel):
+            parse_input_shapes(bad)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_every_unsupported_op_is_listed_in_one_error():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("CumSum", ["a", "ax"], ["b"], name="cum1"),
+        helper.make_node("Det", ["b"], ["c"], name="det"),
+        helper.make_node("CumSum", ["c", "ax"], ["d"], name="cum2"),
+        helper.make_node("Fancy", ["d"], ["e"], name="mine", domain="com.example"),
+    ]
+    model = make(nodes, [("x", F, [3, 3])], [("e", F, [3, 3])], 13, {"ax": ints(0)}, ["com.example"])
+    with pytest.raises(UnsupportedOp) as err:
+        load(model)
+    assert err.value.ops == {"CumSum": ["cum1", "cum2"], "Det": ["det"], "com.example.Fancy": ["mine"]}
+    assert all(s in str(err.value) for s in ["cum1", "cum2", "det", "com.example.Fancy"])
+
+
+def test_runtime_shape_parameters_are_reported():
+    nodes = [
+        helper.make_node("Reshape", ["x", "s"], ["y"], name="r"),
+        helper.make_node("Range", ["a", "b", "c"], ["z"]),
+    ]
+    model = make(nodes, [("x", F, [6]), ("s", I64, [2]), ("a", I64, []), ("b", I64, []), ("c", I64, [])],
+                 [("y", F, [2, 3]), ("z", I64, ["n"])])  # fmt: skip
+    with pytest.raises(UnsupportedOp, match="'s' \\(shape\\) must be a compile-time constant") as err:
+        load(model)
+    assert set(err.value.ops) == {"Reshape", "Range"}
+
+
+def valid_bytes():
+    return conv_model("VALID").SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        (b"\x08\x07garbage\xff\xff\xff", "not an ONNX model"),
+        (b"", "no graph"),
+        (valid_bytes()[: len(valid_bytes()) // 2], "not an ONNX model|checker|no graph"),
+        (b"hello world, this is not protobuf", "not an ONNX model|no graph"),
+    ],
+)
+def test_malformed_bytes(data, match):
+    with pytest.raises(InvalidModel, match=match):
+        load(data)
+
+
+def test_undefined_value_and_missing_file(tmp_path):
+    model = make([helper.make_node("Add", ["x", "ghost"], ["y"])], [("x", F, [2])], [("y", F, [2])])
+    with pytest.raises(InvalidModel, match="checker"):
+        load(model)
+    with pytest.raises(InvalidModel, match="no such model file"):
+        load(tmp_path / "missing.onnx")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(valid_bytes())
+    assert load(path).outputs[0].shape == (1, 2, 4, 4)
+    assert load(str(path)).outputs[0].shape == (1, 2, 4, 4)
+
+
+def test_unsupported_dtype_names_the_value():
+    model = make([helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT16, [2])],
+                 [("y", TensorProto.FLOAT16, None)])  # fmt: skip
+    with pytest.raises(UnsupportedDType, match="'x' has ONNX dtype FLOAT16"):
+        load(model)
+
+
+def test_names_are_sanitized_and_unique():
+    nodes = [helper.make_node("Relu", ["in:0"], ["a/b"]), helper.make_node("Relu", ["a/b"], ["a.b"])]
+    g = load(make(nodes, [("in:0", F, [2])], [("a.b", F, None)]))
+    assert [v.name for v in g.inputs] == ["in_0"]
+    assert [n.outputs[0].name for n in g.nodes] == ["a_b", "a_b_1"]
+
+
+# ---------------------------------------------------------------------------------------------- ONNX's own models
+
+# a node test passes its shape/axes/scales parameters as graph inputs; a compiler needs them constant, so they are
+# bound to the test's data: inputs read at a PARAM_INPUTS slot, and every integer input of rank ≤ 1 (center_crop_pad
+# computes its pads from one)
+KNOWN_FAILURES = {
+    "dtype tilefarm does not compute (float16, bfloat16, float8, int4, int16, uint16/32/64, string)": UnsupportedDType,
+    "sequence or optional inputs": "is not a tensor",
+    "training mode (BatchNormalization, Dropout)": "training mode",
+    "extra outputs used (LayerNormalization Mean/InvStdDev, MaxPool Indices)": "only the first output",
+}
+
+
+def bind_parameters(model, inputs):
+    consumers = collections.defaultdict(list)
+    for node in model.graph.node:
+        for slot, name in enumerate(node.input):
+            consumers[name].append((node.op_type, slot))
+    inits = {t.name for t in model.graph.initializer}
+    real = [vi for vi in model.graph.input if vi.name not in inits]
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    for vi, value in zip(real, inputs):
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if not isinstance(value, np.ndarray):  # exotic dtypes come as TensorProtos: left as inputs
+            continue
+        is_param = any(slot in PARAM_INPUTS.get(op, ()) for op, slot in consumers[vi.name])
+        if is_param or (value.dtype.kind in "iu" and value.ndim <= 1):
+            bound.graph.initializer.append(numpy_helper.from_array(value, vi.name))
+            bound.graph.input.remove(next(x for x in bound.graph.input if x.name == vi.name))
+    return bound
+
+
+def known_failure(err):
+    for reason, what in KNOWN_FAILURES.items():
+        if (isinstance(what, type) and isinstance(err, what)) or (isinstance(what, str) and what in str(err)):
+            return reason
+    return None
+
+
+def supported_cases(kind):
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind=kind)
+    for case in cases:
+        model = case.model if case.model is not None else onnx.load(f"{case.model_dir}/model.onnx")
+        if all(n.domain in ("", "ai.onnx") and n.op_type in ONNX_OPS for n in model.graph.node):
+            inputs, outputs = case.data_sets[0] if case.data_sets else ([], [])
+            yield case.name, model, inputs, outputs
+
+
+@pytest.mark.parametrize("kind", ["node", "pytorch-converted", "pytorch-operator"])
+def test_onnx_conformance_models_of_supported_ops_load(kind):
+    loaded, known, unexpected = 0, collections.Counter(), collections.defaultdict(list)
+    for name, model, data, expected in supported_cases(kind):
+        try:
+            g = load(bind_parameters(model, data) if data else model)
+        except (InvalidModel, UnsupportedOp, UnsupportedDType) as e:
+            reason = known_failure(e)
+            if reason:
+                known[reason] += 1
+            else:
+                unexpected[",".join(sorted({n.op_type for n in model.graph.node}))].append(f"{name}: {e}")
+            continue
+        for v, want in zip(g.outputs, expected):
+            if isinstance(want, (np.ndarray, np.generic)):
+                assert v.shape == np.shape(want), f"{name}: {v} but the test expects {np.shape(want)}"
+        loaded += 1
+    print(f"\n{kind}: {loaded} loaded; skipped: {dict(known)}")
+    for ops, fails in sorted(unexpected.items()):
+        print(f"  {ops}: {len(fails)} failed, e.g. {fails[0]}")
+    assert loaded > 0 and not unexpected
+
+
+def test_light_model_zoo_graphs_load():
+    import pathlib
+
+    light = pathlib.Path(onnx.__file__).parent / "backend/test/data/light"
+    files = sorted(light.glob("light_*.onnx"))
+    if not files:
+        pytest.skip("onnx ships no light model-zoo graphs here")
+    for f in files:
+        g = load(f)
+        assert g.outputs[0].shape[:2] == (1, 1000), f.name
+        assert all(n.op in ONNX_OPS or n.op in ("Flatten",) for n in g.nodes)
