@@ -169,8 +169,20 @@ class ComputeDAG:
         p, c = self.op(producer), self.op(consumer)
         if c.body is None or p.shape != c.shape:
             return False
-        idx = tuple(Var(a.name, a.extent) for a in c.axes)
-        return all(ld.indices == idx for ld in te.loads(c.body) if ld.buffer == producer)
+        return all(at_own_index(ld, c.axes) for ld in te.loads(c.body) if ld.buffer == producer)
+
+
+def at_own_index(ld: Load, axes: tuple[Var, ...]) -> bool:
+    """The load reads element [axes...] itself (a broadcast 0 on an extent-1 axis is that element too)."""
+    if len(ld.indices) != len(axes):
+        return False
+    for i, a in zip(ld.indices, axes):
+        if isinstance(i, Var) and i.name == a.name:
+            continue
+        if a.extent == 1 and isinstance(i, te.Const) and i.value == 0:
+            continue
+        return False
+    return True
 
 
 def _prod(xs) -> int:

@@ -9,7 +9,7 @@ vectorize everything else along its contiguous axis.
 from __future__ import annotations
 
 from compiler import te
-from compiler.dag import ComputeDAG
+from compiler.dag import ComputeDAG, at_own_index
 from compiler.simplify import linear
 from compiler.state import State, initial_state
 from compiler.te import Load
@@ -115,9 +115,8 @@ def _reads_at_own_index(s: State, producer: str, consumer: str) -> bool:
     c = s.stage(consumer).op
     if c.shape != s.stage(producer).op.shape or c.reduce_axes:
         return False
-    own = tuple(a.name for a in c.axes)
-    loads = [n for n in _loads(s, c.body) if n.buffer == producer]
-    return bool(loads) and all(tuple(getattr(i, "name", None) for i in ld.indices) == own for ld in loads)
+    loads = [ld for ld in _loads(s, c.body) if ld.buffer == producer]
+    return bool(loads) and all(at_own_index(ld, c.axes) for ld in loads)
 
 
 def _loads(s: State, body) -> list[Load]:
