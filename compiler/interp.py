@@ -42,6 +42,8 @@ UNARY = {
     "rsqrt": "(1.0 / _sqrt({}))",
     "tanh": "math.tanh({})",
     "erf": "math.erf({})",
+    "sin": "_sin({})",
+    "cos": "_cos({})",
     "sigmoid": "_sigmoid({})",
     "floor": "float(math.floor({}))",
     "abs": "abs({})",
@@ -78,6 +80,14 @@ def _log(x):
 
 def _sqrt(x):
     return math.sqrt(x) if x >= 0 else math.nan
+
+
+def _sin(x):
+    return math.sin(x) if math.isfinite(x) else math.nan  # math.sin raises on ±inf; numpy and libm give NaN
+
+
+def _cos(x):
+    return math.cos(x) if math.isfinite(x) else math.nan
 
 
 def _sigmoid(x):
@@ -184,6 +194,8 @@ def run(f: Func, *arrays: np.ndarray) -> None:
         "_log": _log,
         "_sqrt": _sqrt,
         "_sigmoid": _sigmoid,
+        "_sin": _sin,
+        "_cos": _cos,
         "_pow": _pow,
     }
     env.update({f"_cast_{d}": _to(d) for d in dtypes.DTYPES})

@@ -21,7 +21,7 @@ from compiler.errors import InvalidExpr
 ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "pow")
 COMPARE = ("lt", "le", "eq", "ne", "gt", "ge")
 LOGIC = ("and", "or")
-INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "neg", "not")
+INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "sin", "cos", "neg", "not")
 REDUCERS = ("sum", "max", "min")
 SYMBOLS = {
     "add": "+",
@@ -428,8 +428,8 @@ def _intrinsic(op: str):
     return fn
 
 
-exp, log, sqrt, rsqrt, tanh, erf, sigmoid, floor, abs = map(  # noqa: A001
-    _intrinsic, ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs")
+exp, log, sqrt, rsqrt, tanh, erf, sigmoid, floor, abs, sin, cos = map(  # noqa: A001
+    _intrinsic, ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "sin", "cos")
 )
 
 

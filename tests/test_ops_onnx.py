@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from onnx.helper import np_dtype_to_tensor_dtype
 from onnx.reference import ReferenceEvaluator
 
-from compiler import dtypes, ops, te
+from compiler import dtypes, interp, ops, te
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.errors import InvalidExpr, UnsupportedDType
@@ -138,7 +138,8 @@ UNARY_FLOAT = {
     "Tanh": ({}, TRANSCENDENTAL), "Erf": ({}, TRANSCENDENTAL), "Elu": ({"alpha": 0.7}, TRANSCENDENTAL),
     "Selu": ({"alpha": 1.6, "gamma": 1.05}, TRANSCENDENTAL), "Celu": ({"alpha": 0.8}, TRANSCENDENTAL),
     "Softplus": ({}, TRANSCENDENTAL), "Softsign": ({}, ARITH), "Mish": ({}, TRANSCENDENTAL),
-    "Exp": ({}, TRANSCENDENTAL), "Neg": ({}, EXACT), "Abs": ({}, EXACT), "Floor": ({}, EXACT), "Ceil": ({}, EXACT),
+    "Exp": ({}, TRANSCENDENTAL), "Sin": ({}, TRANSCENDENTAL), "Cos": ({}, TRANSCENDENTAL),
+    "Neg": ({}, EXACT), "Abs": ({}, EXACT), "Floor": ({}, EXACT), "Ceil": ({}, EXACT),
     "Round": ({}, EXACT), "Sign": ({}, EXACT), "Reciprocal": ({}, ARITH),
 }  # fmt: skip
 UNARY_POSITIVE = {"Log": TRANSCENDENTAL, "Sqrt": ARITH}
@@ -154,6 +155,7 @@ def unary_cases() -> list[Case]:
     halves = np.array([-2.5, -1.5, -0.5, 0.0, 0.5, 1.5, 2.5, 3.5, 2.4999, -7.0, 1e30, -1e30], np.float32)
     cases += [Case(op, [halves]) for op in ("Round", "Floor", "Ceil", "Sign")]
     cases += [Case("Round", [halves.astype(np.float64) + 4]), Case("Exp", [f64(4, 5)], tol=TRANSCENDENTAL)]
+    cases += [Case(op, [f64(3, 5) * 4], tol=TRANSCENDENTAL) for op in ("Sin", "Cos")]
     cases.append(Case("Gelu", [f32(4, 9) * 2], {"approximate": "none"}, tol=TRANSCENDENTAL, opset=20))
     cases.append(Case("Gelu", [f32(4, 9) * 2], {"approximate": "tanh"}, tol=TRANSCENDENTAL, opset=20))
     # integer inputs where ONNX allows them
@@ -267,6 +269,12 @@ def reduce_cases() -> list[Case]:
         for axis, keep, last in ((1, 1, 0), (1, 0, 1), (0, 1, 1), (0, 0, 0)):
             cases.append(Case(op, [ties], {"axis": axis, "keepdims": keep, "select_last_index": last}))
         cases.append(Case(op, [ints(3, 5, 2, dtype="int64", lo=-3, hi=3)], {"axis": 1, "keepdims": 0}))
+    ties = np.array([[3, 1, 3, 2, 1, 3], [0, 5, -1, 5, 2, 2]], np.float32)
+    for k, axis, largest in ((3, 1, 1), (4, 1, 0), (2, 0, 1), (6, 1, 1)):
+        cases.append(Case("TopK", [ties], {"k": k, "axis": axis, "largest": largest, "sorted": 1},
+                          {"axis": axis, "largest": largest, "sorted": 1}, [ties, i64(k)]))  # fmt: skip
+    xt = ints(3, 5, 4, dtype="int32", lo=-9, hi=9)
+    cases.append(Case("TopK", [xt], {"k": 2, "axis": 1, "largest": 1}, {"axis": 1}, [xt, i64(2)]))
     cases.append(Case("GlobalAveragePool", [f32(2, 3, 5, 4)], tol=REDUCTION))
     cases.append(Case("GlobalAveragePool", [f32(1, 2, 7)], tol=REDUCTION))
     cases.append(Case("GlobalMaxPool", [f32(2, 3, 4, 3)]))
@@ -505,6 +513,28 @@ def test_op_matches_onnx_reference(case: Case):
 
 def test_every_op_has_cases():
     assert set(ops.OPS) == {c.op for c in CASES}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["Sin", "Cos"])
+def test_sin_cos_vectorized_and_interpreted(op, dtype):
+    # the naive schedule above calls scalar libm; a vectorized loop goes through libmvec, the interpreter
+    # through Python's math: all three must agree with numpy (sin/cos are within 4 ulp in libmvec)
+    x = (RNG.standard_normal((3, 37)) * 10).astype(dtype)
+    x[0, :3] = [np.inf, -np.inf, np.nan]
+    with np.errstate(invalid="ignore"):  # sin(±inf) is NaN, as wanted
+        want = getattr(np, op.lower())(x)
+    inp = te.placeholder(x.shape, dtype, "x")
+    (out,) = ops.OPS[op]([inp], {}, "n0")
+    dag = ComputeDAG([inp, out])
+    state = initial_state(dag).annotate("n0", "i1", "vectorize")
+    func = lower(state, "kernel")
+    got = np.zeros_like(x)
+    compile_funcs([func])["kernel"](x, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
+    got[:] = 0
+    interp.run(func, x, got)
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-12, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------- errors

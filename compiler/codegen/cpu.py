@@ -34,8 +34,8 @@ _SCALAR = {"bool": I1, "int8": I8, "uint8": I8, "int32": I32, "int64": I64,
            "float32": ir.FloatType(), "float64": ir.DoubleType()}
 _FCMP = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}
 _BOOL_ARITH = {"add": "or", "mul": "and", "sub": "xor", "max": "or", "min": "and"}  # numpy's bool algebra
-_LIBM = ("exp", "log", "tanh", "erf", "pow")  # in glibc's vector math library (libmvec) too, since glibc 2.35
-_LLVM_MATH = ("exp", "log", "tanh", "pow")  # LLVM intrinsics that lower to the libm call for scalars
+_LIBM = ("exp", "log", "tanh", "erf", "pow", "sin", "cos")  # in glibc's vector math library (libmvec) too, since 2.35
+_LLVM_MATH = ("exp", "log", "tanh", "pow", "sin", "cos")  # LLVM intrinsics that lower to the libm call for scalars
 _LIBMVEC_ISA = {64: "e", 32: "d", 16: "b"}  # x86-64 vector function ABI letter by register size: AVX-512, AVX2, SSE4
 _CONTRACT = ("contract",)  # lets LLVM fuse a*b+c into FMA without the reassociation full fast-math allows
 

@@ -97,6 +97,8 @@ UNARY: dict[str, tuple[tuple[str, ...], Callable[[Expr, dict], Expr]]] = {
     "Softsign": (FLOATS, lambda x, a: x / (1.0 + te.abs(x))),
     "Mish": (FLOATS, lambda x, a: x * te.tanh(_softplus(x))),
     "Exp": (FLOATS, lambda x, a: te.exp(x)),
+    "Sin": (FLOATS, lambda x, a: te.sin(x)),
+    "Cos": (FLOATS, lambda x, a: te.cos(x)),
     "Log": (FLOATS, lambda x, a: te.log(x)),
     "Sqrt": (FLOATS, lambda x, a: te.sqrt(x)),
     "Reciprocal": (FLOATS, lambda x, a: te.div(_c(1, x), x)),

@@ -157,7 +157,36 @@ def global_pool(op: str):
     return build
 
 
+def top_k(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """TopK without a sort: each element's rank (how many elements beat it, ties broken by the lower index, as
+    ONNX orders them), then output j is the element of rank j. O(n^2) along the axis, all reductions."""
+    x = _input("TopK", ins, 0, "X")
+    _dtype_in("TopK", x, NUMERIC)
+    axis, k, largest = attrs.get("axis", x.ndim - 1), attrs["k"], attrs.get("largest", 1)
+    _reduced_axes("TopK", x, [axis])
+    n = x.shape[axis]
+    if not 1 <= k <= n:
+        raise InvalidExpr(f"TopK: k={k} must be in 1..{n} (the size of axis {axis} of {x.name})")
+    at = lambda i, j: i[:axis] + (j,) + i[axis + 1 :]  # index i with position j along the axis
+    m = te.reduce_axis(n, "m")
+
+    def beats(i):
+        other, mine = x[at(i, m)], x[i]
+        better = other > mine if largest else other < mine
+        return te.cast("int64", better | (te.equal(other, mine) & (m < i[axis])))
+
+    rank = te.compute(x.shape, lambda *i: te.sum(beats(i), axis=m), name=f"{name}_rank", tag="comm_reduce")
+    r = te.reduce_axis(n, "r")
+    shape = at(x.shape, k)
+    # exactly one position has rank j, so summing the positions that do picks it
+    body = lambda *i: te.sum(te.select(te.equal(rank[at(i, r)], i[axis]), r, te.const(0, "int64")), axis=r)
+    indices = te.compute(shape, body, name=f"{name}_indices", tag="comm_reduce")
+    values = te.compute(shape, lambda *i: x[at(i, indices[i])], name=f"{name}_values", tag="injective")
+    return [values, indices]
+
+
 REDUCE_OPS = {
+    "TopK": top_k,
     **{op: reduce(op) for op in REDUCE},
     "ArgMax": arg_reduce("ArgMax"),
     "ArgMin": arg_reduce("ArgMin"),
