@@ -17,6 +17,7 @@ import numpy as np
 
 from compiler import codegen
 from compiler.default_schedule import default_schedule
+from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
 from compiler.passes import Group, plan_memory
@@ -194,3 +195,28 @@ def compile_model(
 
     graph = load(model, input_shapes)
     return build(graph, output, name=name or Path(output).stem.replace("-", "_").replace(".", "_") or "model")
+
+
+def run_in_process(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
+    many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
+    tasks, calls, optimized = extract_tasks(graph)
+    funcs = [lower(default_schedule(t.dag), _kernel_name(t)) for t in tasks]
+    kernels = codegen.compile_funcs(funcs)
+    arrays: dict[int, np.ndarray] = {}
+    for v in optimized.inputs:
+        if v.name not in inputs:
+            raise TilefarmError(f"missing input {v.name!r}; the graph takes {[i.name for i in optimized.inputs]}")
+        arrays[id(v)] = np.ascontiguousarray(inputs[v.name], dtype=v.dtype).reshape(v.shape)
+    for c in calls:
+        for v in c.args:
+            if id(v) not in arrays:
+                arrays[id(v)] = (
+                    np.ascontiguousarray(v.const, v.dtype) if v.const is not None else np.empty(v.shape, v.dtype)
+                )
+        kernels[_kernel_name(c.task)](*(arrays[id(v)] for v in c.args))
+    out = {}
+    for v in optimized.outputs:
+        a = arrays.get(id(v))
+        out[v.name] = a.copy() if a is not None else np.ascontiguousarray(v.const, v.dtype)
+    return out

@@ -158,3 +158,14 @@ def test_unsupported_op_is_reported_with_node_names(tmp_path):
     model.ir_version = 8
     with pytest.raises(UnsupportedOp, match="Einsum.*mix"):
         build(load(model), tmp_path / "m.tar")
+
+
+def test_in_process_run_matches_the_artifact(artifact):
+    from compiler.build import run_in_process
+
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    got = run_in_process(load(small_cnn(), {"x": [2, 3, 8, 8]}), {"x": x})
+    want = Artifact.load(artifact).run({"x": x})
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7)
