@@ -294,6 +294,10 @@ def nn_cases() -> list[Case]:
         Case("Conv", [f32(1, 3, 6, 6), f32(6, 1, 3, 3), f32(6)], conv((3, 3), (2, 2), (1, 1, 1, 1), group=3),
              tol=REDUCTION),
         Case("Conv", [f64(1, 2, 5, 5), f64(3, 2, 1, 1)], conv((1, 1)), tol=REDUCTION),
+        # 1-D and 3-D
+        Case("Conv", [f32(2, 4, 11), f32(6, 2, 3), f32(6)], conv((3,), (2,), (2, 1), (2,), group=2), tol=REDUCTION),
+        Case("Conv", [f32(1, 2, 4, 5, 6), f32(3, 2, 2, 3, 2)],
+             conv((2, 3, 2), (1, 2, 2), (0, 1, 1, 1, 0, 0), (1, 1, 1)), tol=REDUCTION),
     ]  # fmt: skip
     tconv = lambda k, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), group=1, opad=(0, 0): {
         **conv(k, strides, pads, dil, group), "output_padding": list(opad)}
@@ -305,6 +309,8 @@ def nn_cases() -> list[Case]:
         Case("ConvTranspose", [f32(1, 4, 3, 3), f32(4, 1, 2, 2)], tconv((2, 2), (2, 2), group=2, opad=(1, 1)),
              tol=REDUCTION, onnxruntime=True),
         Case("ConvTranspose", [f32(1, 2, 4, 4), f32(2, 2, 3, 3)], tconv((3, 3), (1, 2), (2, 1, 1, 3), dil=(2, 1)),
+             tol=REDUCTION),
+        Case("ConvTranspose", [f32(2, 3, 6), f32(3, 4, 3), f32(4)], tconv((3,), (3,), (1, 2), opad=(1,)),
              tol=REDUCTION),
     ]  # fmt: skip
     pool = lambda k, strides=None, pads=None, ceil=0, dil=None, **kw: {
@@ -366,8 +372,25 @@ def nn_cases() -> list[Case]:
     bn = [f32(2, c, 4, 5), f32(c), f32(c), f32(c), pos(c)]
     cases.append(Case("BatchNormalization", bn, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}, tol=ARITH))
     cases.append(Case("BatchNormalization", [f32(4, c), *bn[1:]], {"epsilon": 1e-3, "momentum": 0.9}, tol=ARITH))
+    for size in (1, 3):
+        lrn = {"alpha": 1e-3 * size, "beta": 0.75, "bias": 1.5, "size": size}
+        # the reference evaluator's LRN loops over the batch dim where it means the channels: onnxruntime instead
+        cases.append(Case("LRN", [f32(2, 5, 3, 4) * 3], lrn, tol=TRANSCENDENTAL, onnxruntime=True))
+    # onnxruntime takes odd sizes only: an even window (one more channel after than before) against the spec
+    lrn4 = {"alpha": 4e-3, "beta": 0.75, "bias": 1.5, "size": 4}
+    cases.append(Case("LRN", [f32(2, 5, 3, 4) * 3], lrn4, tol=TRANSCENDENTAL, reference=lambda x: [_lrn(x, **lrn4)]))
     cases.append(Case("InstanceNormalization", [f32(2, c, 4, 5), f32(c), f32(c)], {"epsilon": 1e-5}, tol=REDUCTION))
     return cases
+
+
+def _lrn(x, alpha, beta, bias, size):
+    """ONNX LRN by its definition, in float64."""
+    sq = np.zeros(x.shape)
+    C = x.shape[1]
+    for c in range(C):
+        lo, hi = max(0, c - (size - 1) // 2), min(C, c + math.ceil((size - 1) / 2) + 1)
+        sq[:, c] = (x[:, lo:hi].astype(np.float64) ** 2).sum(axis=1)
+    return x / (bias + alpha / size * sq) ** beta
 
 
 def transform_cases() -> list[Case]:
@@ -554,7 +577,8 @@ def ph(*shape, dtype="float32", name="x"):
         ("Reshape", [ph(2, 3)], {"shape": [4, 2]}, InvalidExpr, "sizes differ"),
         ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 4, 4], "mode": "cubic"}, InvalidExpr, "cubic"),
         ("Resize", [ph(2, 3, 3)], {"sizes": [4, 3, 3], "mode": "linear"}, InvalidExpr, "last two dims"),
-        ("Conv", [ph(1, 2, 5), ph(2, 2, 3, name="w")], {"kernel_shape": [3]}, InvalidExpr, "only 2-D"),
+        ("Conv", [ph(1, 2, 5), ph(2, 2, 3, 3, name="w")], {"kernel_shape": [3]}, InvalidExpr, "of one rank"),
+        ("Conv", [ph(1, 3, 5), ph(2, 2, 3, name="w")], {"kernel_shape": [3], "group": 2}, InvalidExpr, "group=2"),
         ("Slice", [ph(4)], {"starts": [2], "ends": [2], "axes": [0], "steps": [1]}, InvalidExpr, "empty"),
         ("Pad", [ph(3)], {"pads": [3, 0], "mode": "reflect"}, InvalidExpr, "smaller than"),
         ("BatchNormalization", [ph(1, 3, 2, 2), *(ph(3, name=f"p{i}") for i in range(4))], {"training_mode": 1},

@@ -224,14 +224,16 @@ def row_sum(x: te.Tensor, name: str = "row_sum") -> te.Tensor:
 
 
 def _conv_args(op: str, x: te.Tensor, w: te.Tensor, attrs: dict):
-    if x.ndim != 4 or w.ndim != 4:
-        raise InvalidExpr(f"{op}: only 2-D (NCHW) convolution is supported; {x.name} is {x.ndim}-D")
+    """(strides, pads, dilations, group) for x: N x C x spatial... and w: F x C' x kernel... of the same rank."""
+    sp = x.ndim - 2
+    if sp < 1 or w.ndim != x.ndim:
+        raise InvalidExpr(f"{op}: input {_dims(x)} and weight {_dims(w)} must be N x C x spatial... of one rank")
     _dtype_in(op, x, FLOATS)
     _same_dtype(op, x, w)
     return (
-        tuple(attrs.get("strides") or (1, 1)),
-        tuple(attrs.get("pads") or (0, 0, 0, 0)),
-        tuple(attrs.get("dilations") or (1, 1)),
+        tuple(attrs.get("strides") or (1,) * sp),
+        tuple(attrs.get("pads") or (0,) * (2 * sp)),
+        tuple(attrs.get("dilations") or (1,) * sp),
         attrs.get("group", 1),
     )
 
@@ -240,11 +242,41 @@ def _with_bias(out: te.Tensor, bias: te.Tensor | None, name: str) -> te.Tensor:
     return out if bias is None else bias_add_nchw(out, bias, name=name)
 
 
+def conv_nd(data: te.Tensor, weight: te.Tensor, strides, pads, dilations, groups: int, name: str) -> te.Tensor:
+    """Convolution over any number of spatial dims (1-D, 3-D, ...); 2-D goes through conv2d_nchw."""
+    op, sp = "Conv", data.ndim - 2
+    (N, C), (F, Cg), kernel = data.shape[:2], weight.shape[:2], weight.shape[2:]
+    if groups < 1 or C % groups or F % groups or Cg != C // groups:
+        raise InvalidExpr(
+            f"{op}: group={groups} must divide the input channels ({C}) and the output channels ({F}), and the"
+            f" weight {_dims(weight)} must have C/group = {C // max(groups, 1)} input channels"
+        )
+    before, after = list(pads[:sp]), list(pads[sp:])
+    out = [
+        _out_extent(op, f"dim {d}", data.shape[2 + d], before[d] + after[d], kernel[d], dilations[d], strides[d])
+        for d in range(sp)
+    ]
+    src = pad(data, [0, 0, *before], [0, 0, *after], name=f"{name}_pad") if any(pads) else data
+    rc, rs = te.reduce_axis(Cg, "rc"), [te.reduce_axis(k, f"r{d}") for d, k in enumerate(kernel)]
+    Fg = F // groups
+
+    def body(n, f, *o):
+        c = rc if groups == 1 else f // Fg * Cg + rc
+        at = tuple(_scale(v, s) + _scale(r, dl) for v, r, s, dl in zip(o, rs, strides, dilations))
+        return te.sum(src[(n, c) + at] * weight[(f, rc, *rs)], axis=[rc, *rs])
+
+    return te.compute((N, F, *out), body, name=name, tag=f"conv{sp}d_ncx")
+
+
 def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     x, w = _input("Conv", ins, 0, "X"), _input("Conv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
     strides, pads, dilations, group = _conv_args("Conv", x, w, attrs)
-    out = conv2d_nchw(x, w, strides, pads, dilations, group, name=name if bias is None else f"{name}_conv")
+    conv_name = name if bias is None else f"{name}_conv"
+    if x.ndim == 4:
+        out = conv2d_nchw(x, w, strides, pads, dilations, group, name=conv_name)
+    else:
+        out = conv_nd(x, w, strides, pads, dilations, group, conv_name)
     return [_with_bias(out, bias, name)]
 
 
@@ -264,36 +296,40 @@ def conv_transpose(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     op = "ConvTranspose"
     x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
-    (sh, sw), (pt, pl, pb, pr), (dh, dw), group = _conv_args(op, x, w, attrs)
-    oph, opw = tuple(attrs.get("output_padding") or (0, 0))
-    (N, C, H, W), (C2, Fg, KH, KW) = x.shape, w.shape
+    strides, pads, dilations, group = _conv_args(op, x, w, attrs)
+    sp = x.ndim - 2
+    out_pad = tuple(attrs.get("output_padding") or (0,) * sp)
+    (N, C), (C2, Fg), kernel, sizes = x.shape[:2], w.shape[:2], w.shape[2:], x.shape[2:]
     if C2 != C or C % group:
-        raise InvalidExpr(f"{op}: weight {_dims(w)} must be C x F/group x KH x KW with C = {C} divisible by {group}")
+        raise InvalidExpr(f"{op}: weight {_dims(w)} must be C x F/group x kernel... with C = {C} divisible by {group}")
     # the upsampled input is padded by the kernel's span minus the conv's own padding on each side
-    before = ((KH - 1) * dh - pt, (KW - 1) * dw - pl)
-    after = ((KH - 1) * dh - pb + oph, (KW - 1) * dw - pr + opw)
-    ext = tuple((n - 1) * s + 1 + b + a for n, s, b, a in zip((H, W), (sh, sw), before, after))
-    OH, OW = ext[0] - (KH - 1) * dh, ext[1] - (KW - 1) * dw
-    if OH <= 0 or OW <= 0:
-        raise InvalidExpr(f"{op}: pads {attrs.get('pads')} leave no output for input {_dims(x)}")
+    span = [(k - 1) * dl for k, dl in zip(kernel, dilations)]
+    before = [sp_ - p for sp_, p in zip(span, pads[:sp])]
+    after = [sp_ - p + op_ for sp_, p, op_ in zip(span, pads[sp:], out_pad)]
+    ext = tuple((n - 1) * s + 1 + b + a for n, s, b, a in zip(sizes, strides, before, after))
+    out = tuple(e - sp_ for e, sp_ in zip(ext, span))
+    if any(o <= 0 for o in out):
+        raise InvalidExpr(f"{op}: pads {list(pads)} leave no output for input {_dims(x)}")
 
-    def upsampled(n, c, y, xx):
-        (sy, cy), (sx, cx) = _upsample_source(y, before[0], H, sh), _upsample_source(xx, before[1], W, sw)
-        return te.select(functools.reduce(operator.and_, cy + cx), x[n, c, sy, sx], te.const(0, x.dtype))
+    def upsampled(n, c, *i):
+        srcs = [_upsample_source(v, b, m, s) for v, b, m, s in zip(i, before, sizes, strides)]
+        inside = functools.reduce(operator.and_, [cond for _, conds in srcs for cond in conds])
+        return te.select(inside, x[(n, c) + tuple(s for s, _ in srcs)], te.const(0, x.dtype))
 
     up = te.compute((N, C) + ext, upsampled, name=f"{name}_upsample", tag="injective,pad")
     Cg = C // group
-    rc, ry, rx = te.reduce_axis(Cg, "rc"), te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
+    rc, rs = te.reduce_axis(Cg, "rc"), [te.reduce_axis(k, f"r{d}") for d, k in enumerate(kernel)]
 
-    def body(n, f, y, xx):
+    def body(n, f, *o):
         c = rc if group == 1 else f // Fg * Cg + rc
         wf = f if group == 1 else f % Fg
-        return te.sum(
-            up[n, c, y + _scale(ry, dh), xx + _scale(rx, dw)] * w[c, wf, KH - 1 - ry, KW - 1 - rx], axis=[rc, ry, rx]
-        )
+        at = tuple(v + _scale(r, dl) for v, r, dl in zip(o, rs, dilations))
+        flipped = tuple(k - 1 - r for k, r in zip(kernel, rs))
+        return te.sum(up[(n, c) + at] * w[(c, wf) + flipped], axis=[rc, *rs])
 
-    out = te.compute((N, Fg * group, OH, OW), body, name=name if bias is None else f"{name}_conv", tag="conv2d_nchw")
-    return [_with_bias(out, bias, name)]
+    tag = "conv2d_nchw" if sp == 2 else f"conv{sp}d_ncx"
+    conv_out = te.compute((N, Fg * group, *out), body, name=name if bias is None else f"{name}_conv", tag=tag)
+    return [_with_bias(conv_out, bias, name)]
 
 
 def _pool_geometry(op: str, x: te.Tensor, attrs: dict):

@@ -162,7 +162,30 @@ def instance_normalization(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [te.compute(x.shape, body, name=name, tag="broadcast")]
 
 
+def lrn(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """Local response normalization across channels: x / (bias + alpha/size * sum of x^2 over nearby channels)^beta."""
+    x = _input("LRN", ins, 0, "X")
+    _dtype_in("LRN", x, FLOATS)
+    if x.ndim < 3:
+        raise InvalidExpr(f"LRN: input {x.name} must be N x C x spatial..., got {_dims(x)}")
+    size, C = attrs["size"], x.shape[1]
+    first = (size - 1) // 2  # the window of channel c is c - first .. c + ceil((size-1)/2)
+    r = te.reduce_axis(size, "r")
+
+    def square(i):
+        c = i[1] + r - first if first else i[1] + r
+        v = x[(i[0], c) + i[2:]]
+        # lazy select: channels past either end add nothing and are never loaded
+        return te.select((c >= 0) & (c < C), v * v, te.const(0, x.dtype))
+
+    sq = te.compute(x.shape, lambda *i: te.sum(square(i), axis=r), name=f"{name}_sqsum", tag="comm_reduce")
+    scale = attrs["alpha"] / size
+    body = lambda *i: x[i] / te.power(sq[i] * scale + attrs["bias"], te.const(attrs["beta"], x.dtype))
+    return [te.compute(x.shape, body, name=name, tag="elemwise")]
+
+
 NORM_OPS = {
+    "LRN": lrn,
     "Softmax": softmax_op,
     "LogSoftmax": log_softmax,
     "LayerNormalization": layer_normalization,
