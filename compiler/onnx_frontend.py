@@ -48,10 +48,15 @@ NONDETERMINISTIC = {
 }
 # ops that have no runtime form here: they must fold to constants
 FOLD_ONLY = {"Constant", "ConstantOfShape", "Shape", "Size", "Range"}
+# from which opset each Reduce* takes `axes` as an input instead of an attribute
+AXES_INPUT_FROM = {
+    "ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceL1": 18, "ReduceL2": 18,
+    "ReduceLogSum": 18, "ReduceLogSumExp": 18, "ReduceSumSquare": 18,
+}  # fmt: skip
 # op -> inputs that must be compile-time constants (they become attributes, or the op only ever folds)
 PARAM_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
-    "Squeeze": (1,), "Unsqueeze": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "Squeeze": (1,), "Unsqueeze": (1,), **dict.fromkeys(AXES_INPUT_FROM, (1,)),
     "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
 }  # fmt: skip
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
@@ -631,6 +636,10 @@ SCALAR_DEFAULTS: dict[str, dict[str, Any]] = {
     "HardSigmoid": {"alpha": 0.2, "beta": 0.5},
     "Gelu": {"approximate": "none"},
     "Mod": {"fmod": 0},
+    "Celu": {"alpha": 1.0},
+    "ThresholdedRelu": {"alpha": 1.0},
+    "IsInf": {"detect_negative": 1, "detect_positive": 1},
+    "InstanceNormalization": {"epsilon": 1e-5},
     "LRN": {"alpha": 0.0001, "beta": 0.75, "bias": 1.0, "size": 1},
 }
 
@@ -736,10 +745,6 @@ def LayerNormalization(ctx: _Ctx) -> list[Node]:
     return [ctx.node("LayerNormalization", ctx.inputs, attrs)]
 
 
-# from which opset each Reduce* takes `axes` as an input instead of an attribute
-AXES_INPUT_FROM = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
-
-
 def _reduce(ctx: _Ctx) -> list[Node]:
     x = ctx.inputs[0]
     rank = len(x.shape)
@@ -750,6 +755,13 @@ def _reduce(ctx: _Ctx) -> list[Node]:
         axes = list(range(rank))
     attrs = {"axes": _axes(axes, rank), "keepdims": ctx.attrs.get("keepdims", 1), "noop_with_empty_axes": 0}
     return [ctx.node(ctx.op, [x], attrs)]
+
+
+def _arg_reduce(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.inputs[0].shape)
+    attrs = {"axis": _axis(ctx.attrs.get("axis", 0), rank), "keepdims": ctx.attrs.get("keepdims", 1),
+             "select_last_index": ctx.attrs.get("select_last_index", 0)}  # fmt: skip
+    return [ctx.node(ctx.op, ctx.inputs, attrs)]
 
 
 def Reshape(ctx: _Ctx) -> list[Node]:
@@ -941,9 +953,9 @@ def _fold_only(ctx: _Ctx) -> list[Node]:
 
 PLAIN_OPS = [
     "MatMul", "Relu", "PRelu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Pow", "Reciprocal",
-    "Neg", "Abs", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Softplus", "Add", "Sub", "Mul", "Div", "Equal",
-    "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not", "And", "Or", "Xor", "GlobalAveragePool",
-    "GlobalMaxPool", "Identity",
+    "Neg", "Abs", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Softplus", "Softsign", "Mish", "IsNaN",
+    "Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not", "And",
+    "Or", "Xor", "GlobalAveragePool", "GlobalMaxPool", "Identity",
 ]  # fmt: skip
 
 # op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
@@ -982,5 +994,7 @@ ONNX_OPS: dict[str, Callable[[_Ctx], list[Node]]] = {
     "Max": _variadic,
     "Min": _variadic,
     "TopK": TopK,
+    "ArgMax": _arg_reduce,
+    "ArgMin": _arg_reduce,
     **dict.fromkeys(FOLD_ONLY, _fold_only),
 }
