@@ -17,7 +17,6 @@ from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.ops.checks import (
     ALL,
     FLOATS,
-    INTS,
     NUMERIC,
     SIGNED,
     _bcast,
@@ -35,7 +34,8 @@ def _zero(x: Expr) -> te.Const:
     return _c(0, x)
 
 
-def _round_half_even(x: Expr) -> Expr:
+def round_half_even(x: Expr) -> Expr:
+    """x rounded to the nearest integer, ties to even (ONNX Round, numpy.round)."""
     # no round intrinsic: floor, then settle ties toward the even neighbour. x - floor(x) is exact in binary
     # floating point; values past 2^(mantissa bits) are already integers (and include ±inf, which floor would
     # turn into NaN through inf - inf)
@@ -66,9 +66,9 @@ def _softplus(x: Expr) -> Expr:
     return te.maximum(x, _zero(x)) + te.log(1.0 + te.exp(-te.abs(x)))
 
 
-def _float_op(fn: Callable[[Expr], Expr]) -> Callable[[Expr], Expr]:
-    """`fn` on integers too, through float64 (as ONNX's integer Erf is)."""
-    return lambda x: fn(x) if dtypes.is_float(x.dtype) else te.cast(x.dtype, fn(te.cast("float64", x)))
+def _through_float64(fn: Callable[[Expr], Expr], x: Expr) -> Expr:
+    """fn(x), computed in float64 and cast back for an integer x (as ONNX's integer Erf is)."""
+    return fn(x) if dtypes.is_float(x.dtype) else te.cast(x.dtype, fn(te.cast("float64", x)))
 
 
 def _is_inf(x: Expr, a: dict) -> Expr:
@@ -87,7 +87,7 @@ UNARY: dict[str, tuple[tuple[str, ...], Callable[[Expr, dict], Expr]]] = {
     # HardSwish is x * HardSigmoid(x) with alpha 1/6, beta 1/2
     "HardSwish": (FLOATS, lambda x, a: x * te.maximum(_zero(x), te.minimum(_c(1, x), x * (1.0 / 6.0) + 0.5))),
     "Tanh": (FLOATS, lambda x, a: te.tanh(x)),
-    "Erf": (NUMERIC, lambda x, a: _float_op(te.erf)(x)),
+    "Erf": (NUMERIC, lambda x, a: _through_float64(te.erf, x)),
     "Gelu": (FLOATS, lambda x, a: _gelu(x, a["approximate"])),
     "Elu": (FLOATS, lambda x, a: te.select(x < _zero(x), a["alpha"] * (te.exp(x) - 1.0), x)),
     "Selu": (FLOATS, lambda x, a: a["gamma"] * te.select(x <= _zero(x), a["alpha"] * te.exp(x) - a["alpha"], x)),
@@ -107,7 +107,7 @@ UNARY: dict[str, tuple[tuple[str, ...], Callable[[Expr, dict], Expr]]] = {
     "Floor": (FLOATS, lambda x, a: te.floor(x)),
     # ceil(x) = -floor(-x) exactly, so no ceil intrinsic is needed
     "Ceil": (FLOATS, lambda x, a: -te.floor(-x)),
-    "Round": (FLOATS, lambda x, a: _round_half_even(x)),
+    "Round": (FLOATS, lambda x, a: round_half_even(x)),
     "Sign": (NUMERIC, lambda x, a: _sign(x)),
     "Not": (("bool",), lambda x, a: ~x),
     "IsNaN": (FLOATS, lambda x, a: te.not_equal(x, x)),
@@ -214,7 +214,7 @@ def clip(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         if v == unbounded:
             return None
         if not dtypes.is_float(x.dtype):  # an integer bound past the dtype's range bounds nothing either
-            low, high = te._iinfo(x.dtype)
+            low, high = te.min_value(x.dtype).value, te.max_value(x.dtype).value
             return te.const(int(min(max(v, low), high)), x.dtype)
         return te.const(v, x.dtype)
 
@@ -296,5 +296,3 @@ ELEMENTWISE_OPS = {
     "Cast": cast,
     "CastLike": cast_like,
 }
-
-__all__ = ["BINARY", "ELEMENTWISE_OPS", "INTS", "ONNX_DTYPES", "UNARY", "onnx_dtype"]

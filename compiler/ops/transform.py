@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from compiler import dtypes, te
 from compiler.errors import InvalidExpr
 from compiler.ops.checks import _bcast, _broadcast_shape, _input
-from compiler.ops.elementwise import _round_half_even
+from compiler.ops.elementwise import round_half_even
 
 Expr = te.Expr
 Ins = Sequence[te.Tensor | None]
@@ -342,8 +342,8 @@ def resize(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         if dtypes.is_float(x.dtype):
             return te.cast(x.dtype, v)
         # integers: rounded half to even and saturated, as the reference's cast does
-        low, high = te._iinfo(x.dtype)
-        return te.cast(x.dtype, _clamp(_round_half_even(v), float(low), float(high)))
+        low, high = te.min_value(x.dtype).value, te.max_value(x.dtype).value
+        return te.cast(x.dtype, _clamp(round_half_even(v), float(low), float(high)))
 
     return [te.compute(sizes, body, name=name, tag="injective")]
 
