@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from compiler import dtypes, interp, ops, te
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
+from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.lower import lower
 from compiler.state import initial_state
@@ -78,7 +79,7 @@ def _fresh(x: np.ndarray | None) -> np.ndarray | None:
     return None if x is None else np.ascontiguousarray(x)
 
 
-def run_tilefarm(case: Case) -> list[np.ndarray]:
+def run_tilefarm(case: Case, schedule=initial_state) -> list[np.ndarray]:
     phs = [None if a is None else te.placeholder(a.shape, str(a.dtype), f"in{k}") for k, a in enumerate(case.inputs)]
     outs = ops.OPS[case.op](phs, case.attrs, "n0")
     read = _placeholders_read(outs)
@@ -87,7 +88,7 @@ def run_tilefarm(case: Case) -> list[np.ndarray]:
     names = {s.name for s in dag.ops if not s.is_placeholder}
     assert len(names) == len([s for s in dag.ops if not s.is_placeholder]), "stage names must be unique"
     assert all(n.startswith("n0") for n in names), f"stage names must derive from the prefix: {sorted(names)}"
-    kernel = compile_funcs([lower(initial_state(dag), "kernel")])["kernel"]
+    kernel = compile_funcs([lower(schedule(dag), "kernel")])["kernel"]
     results = [np.zeros(o.shape, dtypes.numpy(o.dtype)) for o in outs]
     kernel(*[_fresh(a) for _, a in used], *results)
     return results
@@ -522,9 +523,11 @@ def _ids(cases: list[Case]) -> list[str]:
     return out
 
 
+@pytest.mark.parametrize("schedule", [initial_state, default_schedule], ids=["naive", "default"])
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
-def test_op_matches_onnx_reference(case: Case):
-    got = run_tilefarm(case)
+def test_op_matches_onnx_reference(case: Case, schedule):
+    # the default schedule (inlined injective stages, tiled and vectorized loops) must not change the results
+    got = run_tilefarm(case, schedule)
     want = case.reference(*case.inputs) if case.reference else run_onnx(case, got)
     rtol, atol = case.tol
     for g, w in zip(got, want):

@@ -176,12 +176,18 @@ def top_k(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         return te.cast("int64", better | (te.equal(other, mine) & (m < i[axis])))
 
     rank = te.compute(x.shape, lambda *i: te.sum(beats(i), axis=m), name=f"{name}_rank", tag="comm_reduce")
-    r = te.reduce_axis(n, "r")
     shape = at(x.shape, k)
-    # exactly one position has rank j, so summing the positions that do picks it
-    body = lambda *i: te.sum(te.select(te.equal(rank[at(i, r)], i[axis]), r, te.const(0, "int64")), axis=r)
-    indices = te.compute(shape, body, name=f"{name}_indices", tag="comm_reduce")
-    values = te.compute(shape, lambda *i: x[at(i, indices[i])], name=f"{name}_values", tag="injective")
+
+    def pick(value, none, suffix):
+        # exactly one position has rank j: the max over it and `none` everywhere else picks its value or index
+        r = te.reduce_axis(n, "r")
+        body = lambda *i: te.max(te.select(te.equal(rank[at(i, r)], i[axis]), value(i, r), none), axis=r)
+        return te.compute(shape, body, name=f"{name}_{suffix}", tag="comm_reduce")
+
+    # both outputs read only `rank`, not each other: an output feeding another output could not be scheduled
+    # like an intermediate stage
+    values = pick(lambda i, r: x[at(i, r)], te.min_value(x.dtype), "values")
+    indices = pick(lambda i, r: r, te.const(-1, "int64"), "indices")
     return [values, indices]
 
 
