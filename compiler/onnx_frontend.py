@@ -8,7 +8,8 @@ first upgraded to 11 with onnx's version converter) and returns a `Graph` whose 
 2. give every graph input a static shape: `input_shapes` first, then a symbolic leading (batch) dim defaults to 1;
 3. repeat {infer shapes (`onnx.shape_inference`, data propagation on), fold every node whose inputs are all constant
    (and `Shape`/`Size` of a statically shaped value)} until nothing changes, so shape subgraphs such as
-   Shape → Gather → Concat → Reshape disappear;
+   Shape → Gather → Concat → Reshape disappear; an op without a converter that ONNX defines as a function of
+   supported ops (Swish, GroupNormalization, RMSNormalization, Shrink, ...) is replaced by that function's body;
 4. report every op that is left and unsupported in one `UnsupportedOp`, every value without a static shape as
    `InvalidModel`;
 5. convert each node through its converter in `ONNX_OPS`. `Dropout` becomes `Identity`; `Identity` is kept (a later
@@ -36,6 +37,7 @@ from compiler.errors import InvalidModel, UnsupportedDType, UnsupportedOp
 from compiler.graph import Graph, Node, TensorType, Value
 
 MIN_OPSET = 11
+INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's inliner expands their function bodies
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # ops whose outputs are random or depend on state: never evaluated at compile time
 NONDETERMINISTIC = {
@@ -51,7 +53,7 @@ FOLD_ONLY = {"Constant", "ConstantOfShape", "Shape", "Size", "Range"}
 # from which opset each Reduce* takes `axes` as an input instead of an attribute
 AXES_INPUT_FROM = {
     "ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceL1": 18, "ReduceL2": 18,
-    "ReduceLogSum": 18, "ReduceLogSumExp": 18, "ReduceSumSquare": 18,
+    "ReduceLogSum": 18, "ReduceLogSumExp": 18, "ReduceSumSquare": 18, "ReduceProd": 18,
 }  # fmt: skip
 # op -> inputs that must be compile-time constants (they become attributes, or the op only ever folds)
 PARAM_INPUTS: dict[str, tuple[int, ...]] = {
@@ -206,7 +208,7 @@ class _State:
         self.inputs = [vi for vi in g.input if vi.name not in self.consts]
         self.outputs = [vi.name for vi in g.output]
         self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
-        self.folded_types: dict[str, _Type] = {}
+        self.kept: set[str] = set()  # names of nodes whose function body could not be inlined
 
     # -- step 2: static input shapes
 
@@ -275,8 +277,80 @@ class _State:
 
     def fold_to_fixpoint(self) -> None:
         self.infer()
-        while self.fold():
+        while self.fold() or self.expand_functions():
             self.infer()
+
+    def expand_functions(self) -> bool:
+        """Replace ops tilefarm lacks by the function ONNX defines them with (Swish, GroupNormalization, ...),
+        where every op of that function is supported."""
+        functions, nodes, calls = [], [], {}
+        for node in self.nodes:
+            body = None if node.op_type in ONNX_OPS or node.name in self.kept else self._function(node)
+            if body is None:
+                nodes.append(node)
+                continue
+            call = onnx.NodeProto()
+            call.CopyFrom(node)
+            call.domain = body.domain = INLINE_DOMAIN
+            call.op_type = body.name = f"{node.op_type}_{len(functions)}"
+            # a body written for an older opset still holds at the model's (ONNX adds a version when it would not)
+            del body.opset_import[:]
+            body.opset_import.append(helper.make_opsetid("", self.opset))
+            functions.append(body)
+            nodes.append(call)
+            calls[call.op_type] = node
+        if not functions:
+            return False
+        imports = [*self.proto.opset_import, helper.make_opsetid(INLINE_DOMAIN, 1)]
+        model = helper.make_model(
+            helper.make_graph(nodes, "expand", [], []), opset_imports=imports, functions=functions
+        )
+        inlined = onnx.inliner.inline_local_functions(model).graph.node
+        left = [calls[n.op_type] for n in inlined if n.domain == INLINE_DOMAIN]
+        self.kept.update(n.name for n in left)  # the inliner declined these: they stay and are reported
+        self.nodes = [
+            calls.get(n.op_type, n) if n.domain == INLINE_DOMAIN else _named(n, i) for i, n in enumerate(inlined)
+        ]
+        return len(left) < len(functions)
+
+    def _type_proto(self, name: str) -> onnx.TypeProto:
+        if name in self.consts:
+            a = self.consts[name]
+            return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        t = self.types.get(name)
+        return helper.make_tensor_type_proto(t.elem, t.shape) if t is not None else onnx.TypeProto()
+
+    def _function(self, node: onnx.NodeProto) -> onnx.FunctionProto | None:
+        """The ONNX function body of `node`'s op at this opset, if it has one made only of supported ops."""
+        if node.domain not in DEFAULT_DOMAINS:
+            return None
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opset)
+        except onnx.defs.SchemaError:
+            return None
+        full = onnx.NodeProto()
+        full.CopyFrom(node)
+        given = {a.name for a in node.attribute}
+        # the body reads attributes by reference, so the defaults the node leaves out must be spelled out
+        full.attribute.extend(a.default_value for name, a in schema.attributes.items()
+                              if name not in given and a.default_value.type != 0)  # fmt: skip
+        versions = [v for v in schema.function_opset_versions if v <= self.opset]
+        context_versions = [v for v in schema.context_dependent_function_opset_versions if v <= self.opset]
+        body = onnx.FunctionProto()
+        if versions:
+            body.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+        elif context_versions:
+            types = [self._type_proto(n) for n in node.input]
+            if any(not t.HasField("tensor_type") or t.tensor_type.elem_type == 0 for t in types):
+                return None
+            body.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+                max(context_versions), full.SerializeToString(), [t.SerializeToString() for t in types]))  # fmt: skip
+        else:
+            return None
+        if not all(n.op_type in ONNX_OPS and n.domain in DEFAULT_DOMAINS for n in body.node):
+            return None
+        node.CopyFrom(full)
+        return body
 
     def infer(self) -> None:
         g = helper.make_graph(
