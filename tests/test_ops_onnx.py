@@ -485,17 +485,20 @@ def resize_cases() -> list[Case]:
     coords = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel")
     nearest = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
-    def case(x, sizes, mode, coord, nmode="round_prefer_floor", scales=None):
+    def case(x, sizes, mode, coord, nmode="round_prefer_floor", scales=None, roi=None, opset=18):
         attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nmode, "sizes": list(sizes),
-                 "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
+                 "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": -7.0, "antialias": 0}
         onnx_attrs = {k: v for k, v in attrs.items() if k != "sizes"}
+        roi_in = None if roi is None else np.array(roi, np.float32)
+        if roi is not None:
+            attrs["roi"] = list(roi)
         if scales is None:
-            onnx_in = [x, None, None, i64(*sizes)]
+            onnx_in = [x, roi_in, None, i64(*sizes)]
         else:
             attrs["scales"] = list(scales)
-            onnx_in = [x, None, np.array(scales, np.float32)]
+            onnx_in = [x, roi_in, np.array(scales, np.float32)]
         tol = EXACT if mode == "nearest" else ARITH
-        return Case("Resize", [x], attrs, onnx_attrs, onnx_in, tol=tol)
+        return Case("Resize", [x], attrs, onnx_attrs, onnx_in, tol=tol, opset=opset)
 
     for coord in coords:
         for nmode in nearest:
@@ -507,6 +510,24 @@ def resize_cases() -> list[Case]:
     cases.append(case(x, (1, 2, 10, 7), "nearest", "asymmetric", "round_prefer_ceil", scales=(1, 1, 2.5, 1.5)))
     cases.append(case(x, (1, 2, 10, 7), "linear", "half_pixel", scales=(1, 1, 2.5, 1.5)))
     cases.append(case(ints(2, 3, 3, dtype="int32"), (4, 6, 3), "nearest", "half_pixel"))
+    # scale * size not an integer: half_pixel_symmetric re-centres (opset 19)
+    for mode in ("nearest", "linear"):
+        cases.append(case(x, (1, 2, 6, 8), mode, "half_pixel_symmetric", scales=(1, 1, 1.7, 1.7), opset=19))
+    # a crop box partly outside the input: those outputs are extrapolation_value
+    roi = (0, 0, -0.25, 0.25, 1, 1, 0.75, 1.5)
+    for mode in ("nearest", "linear"):
+        cases.append(case(x, (1, 2, 5, 6), mode, "tf_crop_and_resize", roi=roi))
+    cases.append(case(x, (1, 2, 1, 1), "linear", "tf_crop_and_resize", roi=(0, 0, 0.25, 0.5, 1, 1, 0.75, 1.0)))
+    for coord in ("half_pixel", "align_corners", "asymmetric"):
+        cases.append(case(x, (1, 2, 7, 3), "cubic", coord))
+    cubic = case(x, (1, 2, 9, 4), "cubic", "half_pixel")
+    for c in (cubic, case(x, (1, 2, 9, 4), "cubic", "pytorch_half_pixel")):
+        c.attrs.update(cubic_coeff_a=-0.5, exclude_outside=1)
+        c.onnx_attrs.update(cubic_coeff_a=-0.5, exclude_outside=1)
+        cases.append(c)
+    cases.append(case(ints(1, 1, 4, 4, dtype="uint8", hi=250), (1, 1, 6, 7), "cubic", "half_pixel"))
+    # trilinear: linear mode interpolates every resized dim
+    cases.append(case(x, (1, 3, 7, 3), "linear", "half_pixel"))
     cases.append(case(ints(1, 1, 3, 3, dtype="uint8", hi=200), (1, 1, 5, 4), "linear", "align_corners"))
     return cases
 
@@ -578,8 +599,11 @@ def ph(*shape, dtype="float32", name="x"):
         ("Add", [ph(3), ph(3, dtype="float64", name="y")], {}, InvalidExpr, "must have one dtype"),
         ("Cast", [ph(3)], {"to": 10}, UnsupportedDType, "ONNX data type 10"),
         ("Reshape", [ph(2, 3)], {"shape": [4, 2]}, InvalidExpr, "sizes differ"),
-        ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 4, 4], "mode": "cubic"}, InvalidExpr, "cubic"),
-        ("Resize", [ph(2, 3, 3)], {"sizes": [4, 3, 3], "mode": "linear"}, InvalidExpr, "last two dims"),
+        ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 4, 4], "mode": "area"}, InvalidExpr, "nearest, linear or cubic"),
+        ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 1, 1], "mode": "linear", "antialias": 1,
+                    "scales": [1, 1, 0.5, 0.5]}, InvalidExpr, "antialiased"),
+        ("Resize", [ph(1, 1, 2, 2)], {"sizes": [1, 1, 3, 3], "coordinate_transformation_mode": "other"},
+         InvalidExpr, "'other' is not supported"),
         ("Conv", [ph(1, 2, 5), ph(2, 2, 3, 3, name="w")], {"kernel_shape": [3]}, InvalidExpr, "of one rank"),
         ("Conv", [ph(1, 3, 5), ph(2, 2, 3, name="w")], {"kernel_shape": [3], "group": 2}, InvalidExpr, "group=2"),
         ("Slice", [ph(4)], {"starts": [2], "ends": [2], "axes": [0], "steps": [1]}, InvalidExpr, "empty"),

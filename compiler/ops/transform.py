@@ -263,21 +263,30 @@ def pad(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 # ---------------------------------------------------------------------------------------------- resize
 
 
-def _source_coord(i: Expr, n: int, m: int, scale: float, mode: str) -> Expr:
-    """Where output coordinate `i` of `m` falls in the input of `n` (float64), as ONNX Resize's transformations."""
+def _source_coord(i: Expr, n: int, m: int, scale: float, mode: str, roi: tuple[float, float]) -> Expr:
+    """Where output coordinate `i` of `m` falls in the input of `n` (float64), as ONNX Resize's transformations
+    compute it: the same operations in the same order, so ties and edges round the same way."""
     x = te.cast("float64", i)
-    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and m > 1):
+    out_width = scale * n  # the reference's own float, not m
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and out_width != 1):
         return (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return te.const(-0.5, "float64")
+    if mode == "half_pixel_symmetric":  # half_pixel, re-centred when m was rounded from scale * n
+        offset = n / 2 * (1 - m / out_width)
+        return offset + (x + 0.5) / scale - 0.5
     if mode == "asymmetric":
         return x / scale
     if mode == "align_corners":
-        out_width = scale * n  # the reference's own float, not m, so the division rounds the same way
         return te.const(0.0, "float64") if out_width == 1 else x * float(n - 1) / (out_width - 1)
+    if mode == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_width == 1:
+            return te.const((hi - lo) * (n - 1) / 2 + lo * (n - 1), "float64")
+        return x * (hi - lo) * float(n - 1) / (out_width - 1) + lo * (n - 1)
     raise InvalidExpr(
-        f"Resize: coordinate_transformation_mode {mode!r} is not supported"
-        " (half_pixel, pytorch_half_pixel, asymmetric, align_corners are)"
+        f"Resize: coordinate_transformation_mode {mode!r} is not supported (half_pixel, half_pixel_symmetric,"
+        " pytorch_half_pixel, asymmetric, align_corners and tf_crop_and_resize are)"
     )
 
 
@@ -293,57 +302,90 @@ def _nearest(x: Expr, n: int, mode: str) -> Expr:
     return _clamp(i, 0, n - 1)
 
 
+def _cubic_weights(t: Expr, a: float) -> list[Expr]:
+    """Keys' cubic convolution weights of the 4 taps around a point `t` past the second one, in ONNX's form."""
+    u, v = t + 1.0, 1.0 - t
+    w = v + 1.0
+    return [
+        ((a * u - 5 * a) * u + 8 * a) * u - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1.0,
+        ((a + 2) * v - (a + 3)) * v * v + 1.0,
+        ((a * w - 5 * a) * w + 8 * a) * w - 4 * a,
+    ]
+
+
 def resize(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     x = _input("Resize", ins, 0, "X")
     sizes = tuple(attrs["sizes"])
     scales = list(attrs.get("scales") or [m / n for m, n in zip(sizes, x.shape)])
     mode = attrs.get("mode", "nearest")
     coord = attrs.get("coordinate_transformation_mode", "half_pixel")
-    changed = [d for d in range(x.ndim) if sizes[d] != x.shape[d] or scales[d] != 1.0]
-    if mode not in ("nearest", "linear"):
-        raise InvalidExpr(f"Resize: mode {mode!r} is not supported (nearest and linear are)")
-    if mode == "linear" and any(d < x.ndim - 2 for d in changed):
-        raise InvalidExpr(f"Resize: linear mode resizes only the last two dims; sizes {list(sizes)} change others")
-    if mode == "linear" and attrs.get("antialias", 0) and any(sizes[d] < x.shape[d] for d in changed):
-        raise InvalidExpr("Resize: antialiased linear downscaling is not supported")
+    roi = list(attrs.get("roi") or [0.0] * x.ndim + [1.0] * x.ndim)
+    crop = coord == "tf_crop_and_resize"
+    changed = [
+        d for d in range(x.ndim)
+        if sizes[d] != x.shape[d] or scales[d] != 1.0 or (crop and (roi[d], roi[x.ndim + d]) != (0.0, 1.0))
+    ]  # fmt: skip
+    if mode not in ("nearest", "linear", "cubic"):
+        raise InvalidExpr(f"Resize: mode must be nearest, linear or cubic, got {mode!r}")
+    if mode != "nearest" and attrs.get("antialias", 0) and any(sizes[d] < x.shape[d] for d in changed):
+        raise InvalidExpr(f"Resize: antialiased {mode} downscaling is not supported")
 
     def src(i: tuple, d: int) -> Expr:
-        return _source_coord(i[d], x.shape[d], sizes[d], scales[d], coord)
+        return _source_coord(i[d], x.shape[d], sizes[d], scales[d], coord, (roi[d], roi[x.ndim + d]))
+
+    def extrapolated(i: tuple, value: Expr) -> Expr:
+        # tf_crop_and_resize: where a coordinate falls outside the input the output is extrapolation_value
+        if not crop or not changed:
+            return value
+        outside = functools.reduce(operator.or_, [(src(i, d) < 0.0) | (src(i, d) > x.shape[d] - 1.0) for d in changed])
+        return te.select(outside, te.const(attrs.get("extrapolation_value", 0.0), x.dtype), value)
 
     if mode == "nearest":
         nearest_mode = attrs.get("nearest_mode", "round_prefer_floor")
 
         def body(*i):
-            return x[tuple(_nearest(src(i, d), x.shape[d], nearest_mode) if d in changed else i[d]
-                           for d in range(x.ndim))]  # fmt: skip
+            at = tuple(_nearest(src(i, d), x.shape[d], nearest_mode) if d in changed else i[d] for d in range(x.ndim))
+            return extrapolated(i, x[at])
 
         return [te.compute(sizes, body, name=name, tag="injective")]
 
     calc = x.dtype if dtypes.is_float(x.dtype) else "float64"
+
+    cubic_a, exclude = attrs.get("cubic_coeff_a", -0.75), attrs.get("exclude_outside", 0)
+
+    def taps(c: Expr, n: int) -> list[tuple[Expr, Expr]]:
+        """(input index, weight) of the neighbours of coordinate `c`: 2 for linear, 4 for cubic."""
+        f = te.floor(c)
+        lo, t = te.cast("int64", f), c - f
+        if mode == "linear":
+            return [(lo, 1.0 - t), (lo + 1, t)]
+        idx = [lo + (k - 1) for k in range(4)]
+        weights = _cubic_weights(t, cubic_a)
+        if exclude:  # taps outside the input get no weight; the rest are renormalized
+            weights = [te.select((j >= 0) & (j < n), w, te.const(0.0, "float64")) for j, w in zip(idx, weights)]
+            total = functools.reduce(operator.add, weights)
+            weights = [w / total for w in weights]
+        return list(zip(idx, weights))
 
     def blend(i: tuple, idx: list, dims: list[int]) -> Expr:
         # separably, outermost resized dim first (the last blend is along the innermost), as the reference does:
         # the roundings then match it
         if not dims:
             return te.cast(calc, x[tuple(idx)])
-        d = dims[0]
-        c = src(i, d)
-        f = te.floor(c)
-        lo = te.cast("int64", f)
-        w = te.cast(calc, c - f)
-        taps = []
-        for j in (lo, lo + 1):  # the two neighbours, clamped: the reference pads the edges
-            idx[d] = _clamp(j, 0, x.shape[d] - 1)
-            taps.append(blend(i, list(idx), dims[1:]))
-        return (1.0 - w) * taps[0] + w * taps[1]
+        d, total = dims[0], None
+        for j, w in taps(src(i, d), x.shape[d]):
+            idx[d] = _clamp(j, 0, x.shape[d] - 1)  # clamped: the reference pads the edges
+            term = te.cast(calc, w) * blend(i, list(idx), dims[1:])
+            total = term if total is None else total + term
+        return total
 
     def body(*i):
         v = blend(i, list(i), sorted(changed, reverse=True))
-        if dtypes.is_float(x.dtype):
-            return te.cast(x.dtype, v)
-        # integers: rounded half to even and saturated, as the reference's cast does
-        low, high = te.min_value(x.dtype).value, te.max_value(x.dtype).value
-        return te.cast(x.dtype, _clamp(round_half_even(v), float(low), float(high)))
+        if not dtypes.is_float(x.dtype):  # integers: rounded half to even and saturated, as the reference casts
+            low, high = te.min_value(x.dtype).value, te.max_value(x.dtype).value
+            v = _clamp(round_half_even(v), float(low), float(high))
+        return extrapolated(i, te.cast(x.dtype, v))
 
     return [te.compute(sizes, body, name=name, tag="injective")]
 
