@@ -42,14 +42,11 @@ def _stage(stage: str, fn: Callable, *args, **kw):
 
 
 def _compiler():
-    """The pipeline's entry points, imported late so that a half-finished compiler fails per model, not at import."""
+    """The pipeline's entry points."""
+    from compiler.build import build
     from compiler.onnx_frontend import load
     from compiler.runtime import Artifact
 
-    try:
-        from compiler.build import build
-    except ImportError:  # before build() moved out of the runtime
-        from compiler.runtime import build
     return load, build, Artifact
 
 
