@@ -1,5 +1,5 @@
 """Data movement ("injective") ONNX ops: every output element is one input element (or a padding value, or, for
-linear Resize, a blend of a few), found by index arithmetic. Shapes and other compile-time inputs arrive as
+linear and cubic Resize, a blend of a few), found by index arithmetic. Shapes and other compile-time inputs arrive as
 normalized attributes (see compiler/graph.py).
 """
 
@@ -108,8 +108,8 @@ def transpose(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 def concat(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     xs = [t for t in ins if t is not None]
     axis = attrs["axis"]
-    if not xs or any(t.ndim != xs[0].ndim or t.shape[:axis] + t.shape[axis + 1 :] != xs[0].shape[:axis]
-                     + xs[0].shape[axis + 1 :] or t.dtype != xs[0].dtype for t in xs):  # fmt: skip
+    others = lambda t: (t.dtype, t.ndim, t.shape[:axis] + t.shape[axis + 1 :])  # what inputs must agree on
+    if not xs or len({others(t) for t in xs}) > 1:
         raise InvalidExpr(f"Concat: inputs {[t.shape for t in xs]} must agree in dtype and in every dim but {axis}")
     starts = [0]
     for t in xs:
