@@ -285,12 +285,11 @@ class _State:
         where every op of that function is supported."""
         functions, nodes, calls = [], [], {}
         for node in self.nodes:
-            body = None if node.op_type in ONNX_OPS or node.name in self.kept else self._function(node)
-            if body is None:
+            found = None if node.op_type in ONNX_OPS or node.name in self.kept else self._function(node)
+            if found is None:
                 nodes.append(node)
                 continue
-            call = onnx.NodeProto()
-            call.CopyFrom(node)
+            call, body = found
             call.domain = body.domain = INLINE_DOMAIN
             call.op_type = body.name = f"{node.op_type}_{len(functions)}"
             # a body written for an older opset still holds at the model's (ONNX adds a version when it would not)
@@ -320,8 +319,9 @@ class _State:
         t = self.types.get(name)
         return helper.make_tensor_type_proto(t.elem, t.shape) if t is not None else onnx.TypeProto()
 
-    def _function(self, node: onnx.NodeProto) -> onnx.FunctionProto | None:
-        """The ONNX function body of `node`'s op at this opset, if it has one made only of supported ops."""
+    def _function(self, node: onnx.NodeProto) -> tuple[onnx.NodeProto, onnx.FunctionProto] | None:
+        """The ONNX function body of `node`'s op at this opset, if it has one made only of supported ops, and a copy
+        of the node with every attribute default spelled out (the body reads attributes by reference)."""
         if node.domain not in DEFAULT_DOMAINS:
             return None
         try:
@@ -331,7 +331,6 @@ class _State:
         full = onnx.NodeProto()
         full.CopyFrom(node)
         given = {a.name for a in node.attribute}
-        # the body reads attributes by reference, so the defaults the node leaves out must be spelled out
         full.attribute.extend(a.default_value for name, a in schema.attributes.items()
                               if name not in given and a.default_value.type != 0)  # fmt: skip
         versions = [v for v in schema.function_opset_versions if v <= self.opset]
@@ -349,8 +348,7 @@ class _State:
             return None
         if not all(n.op_type in ONNX_OPS and n.domain in DEFAULT_DOMAINS for n in body.node):
             return None
-        node.CopyFrom(full)
-        return body
+        return full, body
 
     def infer(self) -> None:
         g = helper.make_graph(

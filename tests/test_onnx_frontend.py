@@ -299,6 +299,34 @@ def test_shape_subgraph_folds_away():
     assert ort_shapes(shape_subgraph_model(), {"x": [4, 3, 4, 4]}) == [(4, 48)]
 
 
+def test_tf2onnx_style_model():
+    """What tf2onnx writes for a Keras conv net: an NHWC input with a symbolic batch, a Transpose to NCHW, weights as
+    Constant nodes, `unk__` dims, and the flatten done through Shape → Cast → Slice → Concat → Reshape."""
+    w = helper.make_tensor("w", F, [4, 3, 3, 3], np.linspace(-1, 1, 108).tolist())
+    nodes = [
+        helper.make_node("Transpose", ["input_1:0"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Constant", [], ["conv/kernel:0"], value=w),
+        helper.make_node("Conv", ["nchw", "conv/kernel:0"], ["conv"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("Shape", ["relu"], ["shape"]),
+        helper.make_node("Cast", ["shape"], ["shape32"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["shape32", "zero", "one"], ["batch"]),
+        helper.make_node("Concat", ["batch", "minus1"], ["flat32"], axis=0),
+        helper.make_node("Cast", ["flat32"], ["flat"], to=I64),
+        helper.make_node("Reshape", ["relu", "flat"], ["Identity:0"]),
+    ]
+    inits = {"zero": np.array([0], np.int32), "one": np.array([1], np.int32), "minus1": np.array([-1], np.int32)}
+    model = make(nodes, [("input_1:0", F, ["unk__7", 8, 8, 3])], [("Identity:0", F, ["unk__8", 64])], 13, inits)
+    g = load(model)
+    assert [n.op for n in g.nodes] == ["Transpose", "Conv", "Relu", "Reshape"]
+    assert g.nodes[1].attrs["pads"] == [0, 0, 1, 1] and g.nodes[-1].attrs == {"shape": [1, 64]}
+    assert [v.name for v in g.inputs] == ["input_1_0"] and g.outputs[0].name == "Identity_0"
+    x = np.random.default_rng(0).standard_normal((3, 8, 8, 3)).astype(np.float32)
+    g3 = load(model, {"input_1:0": [3, 8, 8, 3]})
+    want = ReferenceEvaluator(model).run(None, {"input_1:0": x})[0]
+    np.testing.assert_allclose(run_graph(g3, {"input_1_0": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
 def test_constant_of_shape_range_cast_fold():
     nodes = [
         helper.make_node("Shape", ["x"], ["s"], start=1),
