@@ -7,9 +7,10 @@ first upgraded to 11 with onnx's version converter) and returns a `Graph` whose 
 1. parse and check (`onnx.checker`); anything malformed is an `InvalidModel`;
 2. give every graph input a static shape: `input_shapes` first, then a symbolic leading (batch) dim defaults to 1;
 3. repeat {infer shapes (`onnx.shape_inference`, data propagation on), fold every node whose inputs are all constant
-   (and `Shape`/`Size` of a statically shaped value)} until nothing changes, so shape subgraphs such as
-   Shape → Gather → Concat → Reshape disappear; an op without a converter that ONNX defines as a function of
-   supported ops (Swish, GroupNormalization, RMSNormalization, Shrink, ...) is replaced by that function's body;
+   (and `Shape`/`Size` of a statically shaped value), inline the branch an `If` with a constant condition takes,
+   replace an op without a converter that ONNX defines as a function of supported ops (Swish, GroupNormalization,
+   RMSNormalization, Shrink, ...) by that function's body} until nothing changes, so shape subgraphs such as
+   Shape → Gather → Concat → Reshape disappear;
 4. report every op that is left and unsupported in one `UnsupportedOp`, every value without a static shape as
    `InvalidModel`;
 5. convert each node through its converter in `ONNX_OPS`. `Dropout` becomes `Identity`; `Identity` is kept (a later
@@ -378,7 +379,13 @@ class _State:
 
     def fold(self) -> bool:
         kept: list[onnx.NodeProto] = []
+        changed = False
         for node in self.nodes:
+            branch = self._constant_branch(node)
+            if branch is not None:
+                kept.extend(branch)
+                changed = True
+                continue
             values = self._evaluate(node)
             if values is None:
                 kept.append(node)
@@ -386,9 +393,25 @@ class _State:
             for name, value in zip(node.output, values):
                 if name:
                     self.consts[name] = self._as_inferred(name, np.asarray(value))
-        changed = len(kept) != len(self.nodes)
+            changed = True
         self.nodes = kept
         return changed
+
+    def _constant_branch(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        """The nodes of the branch an `If` with a constant condition takes (exporters leave such shape checks)."""
+        if node.op_type != "If" or node.domain not in DEFAULT_DOMAINS or node.input[0] not in self.consts:
+            return None
+        which = "then_branch" if bool(self.consts[node.input[0]].reshape(-1)[0]) else "else_branch"
+        branch = next(helper.get_attribute_value(a) for a in node.attribute if a.name == which)
+        for t in branch.initializer:
+            self.consts[t.name] = _to_array(t, f"initializer {t.name!r} of {node.name!r}")
+        body = [_named(n, 0) for n in branch.node]
+        for k, n in enumerate(body):
+            n.name = n.name or f"{node.name}_{which}_{k}"
+        # the branch's outputs take the If's output names through Identity, which folds or is removed later
+        body += [helper.make_node("Identity", [o.name], [name], name=f"{node.name}_{name}")
+                 for o, name in zip(branch.output, node.output) if name]  # fmt: skip
+        return body
 
     def _as_inferred(self, name: str, value: np.ndarray) -> np.ndarray:
         # the reference evaluator occasionally widens dtypes; the model's declared type wins

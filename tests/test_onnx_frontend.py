@@ -327,6 +327,23 @@ def test_tf2onnx_style_model():
     np.testing.assert_allclose(run_graph(g3, {"input_1_0": x})[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_if_with_constant_condition_takes_its_branch():
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, [2, 3])]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, [2, 3])]
+    )
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("ReduceProd", ["s"], ["n"], keepdims=0),
+        helper.make_node("Greater", ["n", "five"], ["big"]),
+        helper.make_node("If", ["big"], ["y"], then_branch=then, else_branch=other),
+    ]
+    g = load(make(nodes, [("x", F, [2, 3])], [("y", F, [2, 3])], 13, {"five": np.int64(5)}))
+    assert [n.op for n in g.nodes] == ["Relu", "Identity"] and g.outputs[0].name == "y"
+
+
 def test_constant_of_shape_range_cast_fold():
     nodes = [
         helper.make_node("Shape", ["x"], ["s"], start=1),
