@@ -253,6 +253,13 @@ def reduce_cases() -> list[Case]:
         for axes, keep in (([1], 1), ([0, 2], 0), ([], 1), ([2], 0), ([0, 1, 2], 0)):
             a = {"axes": axes, "keepdims": keep, "noop_with_empty_axes": 0}
             cases.append(Case(op, [x], a, {"keepdims": keep}, [x, i64(*axes)], tol=t))
+    # products: an axis longer than one chunk of 16 factors, integers wrapping like numpy
+    xp = (1 + 0.05 * f32(2, 37, 3)).astype(np.float32)
+    for axes, keep in (([1], 1), ([0, 2], 0), ([0, 1, 2], 0), ([2], 1)):
+        a = {"axes": axes, "keepdims": keep, "noop_with_empty_axes": 0}
+        cases.append(Case("ReduceProd", [xp], a, {"keepdims": keep}, [xp, i64(*axes)], tol=REDUCTION))
+    xi8 = ints(5, 20, dtype="int8", lo=-4, hi=5)
+    cases.append(Case("ReduceProd", [xi8], {"axes": [1], "keepdims": 0}, {"keepdims": 0}, [xi8, i64(1)]))
     cases.append(Case("ReduceLogSum", [pos(3, 4)], {"axes": [1], "keepdims": 1}, {"keepdims": 1}, [pos(1), i64(1)],
                       tol=TRANSCENDENTAL))  # fmt: skip
     cases.append(Case("ReduceSum", [x], {"axes": [], "keepdims": 1, "noop_with_empty_axes": 1},

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from compiler import dtypes, te
 from compiler.errors import InvalidExpr
 from compiler.ops.checks import FLOATS, NUMERIC, _c, _dtype_in, _input
+from compiler.ops.transform import reshape_to
 
 Expr = te.Expr
 Ins = Sequence[te.Tensor | None]
@@ -67,6 +68,45 @@ def _log_sum_exp(x: te.Tensor, axes: list[int], keepdims: bool, name: str) -> te
     return te.compute(sm.shape, lambda *i: te.log(sm[i]) + at(i), name=name, tag="broadcast")
 
 
+PRODUCT_CHUNK = 16  # factors multiplied out in one expression
+
+
+def _product(x: te.Tensor, axes: list[int], keepdims: bool, name: str) -> te.Tensor:
+    """The product over `axes`. te has no product reduction, so each axis is multiplied out as an unrolled
+    expression of at most PRODUCT_CHUNK loads, in rounds of chunks for longer axes; exact for integers
+    (wrapping like numpy), a different order of roundings than numpy's loop for floats."""
+    stages = 0
+
+    def step(t: te.Tensor, d: int, last: bool) -> te.Tensor:
+        nonlocal stages
+        n = t.shape[d]
+        chunks = -(-n // PRODUCT_CHUNK)
+        size = n if chunks == 1 else PRODUCT_CHUNK
+        one = te.const(1, t.dtype)
+
+        def body(*i):
+            prod = None
+            for j in range(size):
+                at = i[d] * size + j if chunks > 1 else j
+                v = t[i[:d] + (at,) + i[d + 1 :]]
+                if chunks > 1 and (chunks - 1) * size + j >= n:  # only the last chunk can run past the end
+                    v = te.select(at < n, v, one)
+                prod = v if prod is None else prod * v
+            return prod
+
+        shape = t.shape[:d] + (chunks,) + t.shape[d + 1 :]
+        stages += 1
+        done = last and chunks == 1 and keepdims
+        out = te.compute(shape, body, name=name if done else f"{name}_p{stages}", tag="comm_reduce")
+        return out if chunks == 1 else step(out, d, last)
+
+    for k, d in enumerate(axes):
+        x = step(x, d, k == len(axes) - 1)
+    if keepdims:
+        return x
+    return reshape_to(x, [n for d, n in enumerate(x.shape) if d not in axes], name)
+
+
 # op -> (dtypes, reducer, element before reducing, element-wise stage after (or None))
 REDUCE: dict[str, tuple[tuple[str, ...], Callable, Callable[[Expr], Expr], Callable[[Expr], Expr] | None]] = {
     "ReduceSum": (NUMERIC, te.sum, lambda v: v, None),
@@ -78,6 +118,7 @@ REDUCE: dict[str, tuple[tuple[str, ...], Callable, Callable[[Expr], Expr], Calla
     "ReduceL2": (FLOATS, te.sum, lambda v: v * v, te.sqrt),
     "ReduceLogSum": (FLOATS, te.sum, lambda v: v, te.log),
     "ReduceLogSumExp": (FLOATS, te.sum, lambda v: v, None),  # built by `_log_sum_exp`
+    "ReduceProd": (NUMERIC, None, lambda v: v, None),  # built by `_product`
 }
 
 
@@ -96,6 +137,8 @@ def reduce(op: str):
         axes = _reduced_axes(op, x, axes)
         if op == "ReduceLogSumExp":
             return [_log_sum_exp(x, axes, keepdims, name)]
+        if op == "ReduceProd":
+            return [_product(x, axes, keepdims, name)]
         last = op == "ReduceSum" or op in ("ReduceMax", "ReduceMin", "ReduceL1", "ReduceSumSquare")
         red = reduce_over(x, axes, keepdims, reducer, lambda v, o: pre(v), name if last else f"{name}_reduce")
         if op == "ReduceMean":
