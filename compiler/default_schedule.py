@@ -70,8 +70,8 @@ def _tile_anchor(s: State, name: str) -> tuple[State, set[str]]:
     out = consumers[0] if len(consumers) == 1 else None
     if out is not None and not (dag.elementwise_match(name, out) or _reads_at_own_index(s, name, out)):
         out = None
-    if out is not None and s.stage(out).compute_at != "root":
-        out = None
+    if out is not None and (s.stage(out).compute_at != "root" or dag.is_output(name)):
+        out = None  # an output is computed at root, so it cannot live inside its consumer's tile
     if out is None:
         if not dag.is_output(name):
             return _reduction(s, name), {name}

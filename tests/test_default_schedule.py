@@ -57,3 +57,14 @@ def test_matmul_output_gets_a_register_tile():
     local = state.stage("C.local")
     assert [it.annotation for it in local.iters][-2:] == ["unroll", "vectorize"]
     assert any(it.annotation == "parallel" for it in state.stage("C").iters)
+
+
+def test_output_read_by_another_output_keeps_its_own_tile():
+    A, B = te.placeholder((32, 48), name="A"), te.placeholder((48, 64), name="B")
+    C = ops.matmul(A, B, name="C")
+    D = te.compute(C.shape, lambda i, j: te.maximum(C[i, j], 0.0), name="D")
+    dag = ComputeDAG([A, B, C, D])
+    arrays = [np.random.default_rng(0).standard_normal(t.shape).astype(np.float32) for t in (A, B)]
+    c, d = run(dag, default_schedule(dag), arrays)
+    np.testing.assert_allclose(c, arrays[0] @ arrays[1], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(d, np.maximum(arrays[0] @ arrays[1], 0), rtol=1e-5, atol=1e-4)
