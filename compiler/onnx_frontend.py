@@ -42,13 +42,8 @@ INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's in
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # ops whose outputs are random or depend on state: never evaluated at compile time
 NONDETERMINISTIC = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-}
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+}  # fmt: skip
 # ops that have no runtime form here: they must fold to constants
 FOLD_ONLY = {"Constant", "ConstantOfShape", "Shape", "Size", "Range"}
 # from which opset each Reduce* takes `axes` as an input instead of an attribute
@@ -550,7 +545,9 @@ def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- conversion
 
 
-class _NotConstant(Exception):
+class _CannotConvert(Exception):
+    """One node that cannot be compiled as it is; collected into a single UnsupportedOp for the whole model."""
+
     def __init__(self, note: str):
         self.note = note
 
@@ -578,7 +575,7 @@ class _Ctx:
         if v is None:
             return None
         if v.const is None:
-            raise _NotConstant(
+            raise _CannotConvert(
                 f"{self.op} node {self.name!r}: input {v.name!r} ({what}) must be a compile-time "
                 "constant, but it is computed at run time"
             )
@@ -602,7 +599,7 @@ class _Ctx:
         """Drop optional extra outputs nothing reads; one that is read cannot be produced here."""
         for name, v in zip(self.onnx_outputs[1:], self.outputs[1:]):
             if v is not None and name in self.used:
-                raise _NotConstant(
+                raise _CannotConvert(
                     f"{self.op} node {self.name!r}: its output {name!r} is used, but tilefarm computes "
                     "only the first output of this op"
                 )
@@ -657,7 +654,7 @@ class _Converter:
             )
             try:
                 nodes.extend(ONNX_OPS[p.op_type](ctx))
-            except _NotConstant as e:
+            except _CannotConvert as e:
                 errors.setdefault(p.op_type, []).append(name)
                 notes.append(e.note)
         if errors:
@@ -791,7 +788,9 @@ def Gemm(ctx: _Ctx) -> list[Node]:
 
 def BatchNormalization(ctx: _Ctx) -> list[Node]:
     if ctx.attrs.get("training_mode", 0):
-        raise _NotConstant(f"BatchNormalization node {ctx.name!r} is in training mode; export the model for inference")
+        raise _CannotConvert(
+            f"BatchNormalization node {ctx.name!r} is in training mode; export the model for inference"
+        )
     ctx.first_output_only()
     return [ctx.node("BatchNormalization", ctx.inputs[:5], _filled(ctx, {"epsilon": 1e-5, "momentum": 0.9}))]
 
@@ -905,14 +904,10 @@ def Slice(ctx: _Ctx) -> list[Node]:
         else:  # walking backwards the end is exclusive, so -1 means "through index 0"
             start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
         rows.append((axis, start, end, step))
-    rows.sort()
-    attrs = {
-        "starts": [r[1] for r in rows],
-        "ends": [r[2] for r in rows],
-        "axes": [r[0] for r in rows],
-        "steps": [r[3] for r in rows],
-    }
-    return [ctx.node("Slice", [x], attrs)]
+    if not rows:  # slicing no axis
+        return [ctx.node("Identity", [x])]
+    axes, starts, ends, steps = (list(column) for column in zip(*sorted(rows)))
+    return [ctx.node("Slice", [x], {"starts": starts, "ends": ends, "axes": axes, "steps": steps})]
 
 
 def Squeeze(ctx: _Ctx) -> list[Node]:
@@ -1001,7 +996,7 @@ def Resize(ctx: _Ctx) -> list[Node]:
 def Dropout(ctx: _Ctx) -> list[Node]:
     training = ctx.const(2, "training_mode")
     if training is not None and bool(training):
-        raise _NotConstant(f"Dropout node {ctx.name!r} is in training mode; export the model for inference")
+        raise _CannotConvert(f"Dropout node {ctx.name!r} is in training mode; export the model for inference")
     if len(ctx.outputs) > 1 and ctx.outputs[1] is not None:  # at inference the mask keeps everything
         ctx.outputs[1].const = np.ones(ctx.outputs[1].shape, dtype=bool)
     return [ctx.node("Identity", ctx.inputs[:1], {}, ctx.outputs[:1])]
@@ -1043,7 +1038,9 @@ def TopK(ctx: _Ctx) -> list[Node]:
 
 
 def _fold_only(ctx: _Ctx) -> list[Node]:
-    raise _NotConstant(f"{ctx.op} node {ctx.name!r} must fold to a constant, but its inputs are only known at run time")
+    raise _CannotConvert(
+        f"{ctx.op} node {ctx.name!r} must fold to a constant, but its inputs are only known at run time"
+    )
 
 
 PLAIN_OPS = [
