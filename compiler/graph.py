@@ -41,7 +41,8 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
 - Dropout becomes Identity (a mask output that is read becomes a constant of ones); Identity is kept;
 - BatchNormalization (`epsilon`, `momentum`), LayerNormalization (`axis`, `epsilon`, `stash_type`) and MaxPool
   have only their first output;
-- Constant, ConstantOfShape, Shape, Size and Range never appear: they are folded into constants at import.
+- Constant, ConstantOfShape, Shape, Size and Range never appear: they are folded into constants at import;
+- `Dense` (made by passes): inputs X (M x K), W (N x K) and an optional bias (N,); no attributes (Gemm with transB=1).
 """
 
 from __future__ import annotations
