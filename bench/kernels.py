@@ -174,14 +174,19 @@ def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict])
                 print(f"  {t} thr  hand / {ref:15s} speed ratio {medians[ref] / hand:.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, description: str, what: str) -> tuple[argparse.Namespace, list[int]]:
+    """The options every benchmark takes; returns them and the thread counts."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--repeat", type=int, default=7, help="interleaved samples per system")
     p.add_argument("--json", help="write the rows here as a JSON list")
-    p.add_argument("--only", help="run workloads whose name contains this")
+    p.add_argument("--only", help=f"run {what} whose name contains this")
     args = p.parse_args(argv)
-    threads = [int(t) for t in args.threads.split(",")]
+    return args, [int(t) for t in args.threads.split(",")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, threads = parse_args(argv, __doc__.splitlines()[0], "workloads")
     print(f"BLAS: {blas_info()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     rows: list[dict] = []
     for w in WORKLOADS:

@@ -9,7 +9,6 @@ with its error and skipped; the exit status is 1 when any model failed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.kernels import interleaved
+from bench.kernels import interleaved, parse_args
 from compiler.examples import EXAMPLES
 
 MODELS = ["resnet18", "mobilenetv2", "encoder"]
@@ -127,13 +126,7 @@ def run_model(name: str, threads: list[int], repeat: int, rows: list[dict]) -> N
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    p.add_argument("--repeat", type=int, default=7, help="interleaved samples per system")
-    p.add_argument("--json", help="write the rows here as a JSON list")
-    p.add_argument("--only", help="run models whose name contains this")
-    args = p.parse_args(argv)
-    threads = [int(t) for t in args.threads.split(",")]
+    args, threads = parse_args(argv, __doc__.splitlines()[0], "models")
     # libgomp's idle-wait settings decide multi-thread latency on a busy host; print them so runs can be compared
     waits = {k: os.environ.get(k, "(unset)") for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     print(", ".join(f"{k}={v}" for k, v in waits.items()), f"on {os.cpu_count()} cores")
