@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from compiler import ops, te
 from compiler.dag import ComputeDAG
-from compiler.errors import UnsupportedOp
+from compiler.errors import TilefarmError, UnsupportedOp
 from compiler.graph import Graph, Value
 from compiler.passes import Group, fuse, optimize
 
@@ -60,6 +60,12 @@ def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
         ins = [tensors[id(v)] if v is not None else None for v in node.inputs]
         outs = ops.OPS[node.op](ins, node.attrs, prefix)
         for v, t in zip(node.outputs, outs):
+            if t.shape != v.shape or t.dtype != v.dtype:
+                # the graph's inferred type and the op's compute definition must agree, or buffers are misplanned
+                raise TilefarmError(
+                    f"node {node.name or node.op} ({node.op}): the compute definition gives {t.dtype}{list(t.shape)} "
+                    f"but the graph expects {v.type} for {v.name}"
+                )
             tensors[id(v)] = t
     outputs = []
     for v in group.outputs:
