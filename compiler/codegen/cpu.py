@@ -22,6 +22,7 @@ from compiler.errors import BuildError
 from compiler.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
 from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
+MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a masked span + shuffle
 MAX_LANES = 64  # a longer vectorized loop is strip-mined into chunks of this many lanes (plus one tail chunk)
 STACK_LIMIT = 64 * 1024  # bigger allocations go to the heap: thread stacks are small
 STACK_BUDGET = 512 * 1024  # and so do the ones past this total per function
@@ -453,6 +454,9 @@ class _FnEmitter:
             fn = self.mod.intrinsic("llvm.masked.load", vty, [PTR, I32, self.mask.type, vty], [vty, PTR])
             return self.from_memory(self.b.call(fn, [addr, ir.Constant(I32, align), self.mask, ir.Constant(vty, None)]),
                                     dtype)
+        step = coeff(idx, lanes.var) if lanes is not None and uses(idx, lanes.var) else None
+        if step is not None and 2 <= step <= MAX_LOAD_STRIDE and lanes.width * step <= MAX_LANES:
+            return self.from_memory(self.strided_load(ptr, elem, align, idx, step), dtype)
         index = self.index(idx)
         if lanes is None or (_width(index) is None and self.mask is None):
             addr = self.b.gep(ptr, [index], source_etype=elem)
@@ -463,6 +467,25 @@ class _FnEmitter:
         mask = self.lane_mask()
         fn = self.mod.intrinsic("llvm.masked.gather", vty, [addrs.type, I32, mask.type, vty], [vty, addrs.type])
         return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, ir.Constant(vty, None)]), dtype)
+
+    def strided_load(self, ptr: ir.Value, elem: ir.Type, align: int, idx: Expr, step: int) -> ir.Value:
+        """Lanes that read every `step`-th element (stride-2 convolutions, pooling): one masked load of the
+        contiguous span, then a shuffle, instead of a gather. The mask reads only the elements used, so the span
+        never touches memory past the last one."""
+        width = self.lanes.width
+        wide = ir.VectorType(elem, width * step)
+        pattern = [j % step == 0 for j in range(width * step)]
+        mask: ir.Value = ir.Constant(ir.VectorType(I1, width * step), pattern)
+        if self.mask is not None:
+            spread = self.b.shuffle_vector(self.mask, ir.Constant(self.mask.type, None),
+                                           ir.Constant(ir.VectorType(I32, width * step),
+                                                       [j // step for j in range(width * step)]))
+            mask = self.b.and_(mask, spread)
+        addr = self.b.gep(ptr, [self.index_at_start(idx)], source_etype=elem)
+        fn = self.mod.intrinsic("llvm.masked.load", wide, [PTR, I32, mask.type, wide], [wide, PTR])
+        span = self.b.call(fn, [addr, ir.Constant(I32, align), mask, ir.Constant(wide, None)])
+        pick = ir.Constant(ir.VectorType(I32, width), [j * step for j in range(width)])
+        return self.b.shuffle_vector(span, ir.Constant(wide, None), pick)
 
     # ------------------------------------------------------------------------------------------ expressions
 
