@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compiler import ops, te
 from compiler.codegen import compile_funcs
@@ -68,3 +70,37 @@ def test_output_read_by_another_output_keeps_its_own_tile():
     c, d = run(dag, default_schedule(dag), arrays)
     np.testing.assert_allclose(c, arrays[0] @ arrays[1], rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(d, np.maximum(arrays[0] @ arrays[1], 0), rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(1, 40))
+def test_default_schedule_matmul_any_shape(m, n, k):
+    A, B = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    dag = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
+    rng = np.random.default_rng(m * 10000 + n * 100 + k)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(run(dag, default_schedule(dag), [a, b])[0], a @ b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    c=st.sampled_from([1, 3, 4, 8]),
+    f=st.sampled_from([1, 4, 8, 16, 24]),
+    h=st.integers(3, 17),
+    w=st.integers(3, 17),
+    stride=st.integers(1, 3),
+    pad=st.integers(0, 2),
+    depthwise=st.booleans(),
+)
+def test_default_schedule_conv_any_shape(c, f, h, w, stride, pad, depthwise):
+    groups = c if depthwise else 1
+    f = c * (f % 3 + 1) if depthwise else f
+    x = te.placeholder((1, c, h, w), name="x")
+    wt = te.placeholder((f, c // groups, 3, 3), name="w")
+    b = te.placeholder((f,), name="b")
+    dag = ComputeDAG([x, wt, b, ops.conv2d_bias_relu(x, wt, b, stride=stride, padding=pad, groups=groups)])
+    rng = np.random.default_rng(h * 100 + w)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in (x, wt, b)]
+    want = ops.reference_conv2d(*arrays[:2], stride=stride, padding=pad, groups=groups)
+    want = np.maximum(want + arrays[2][None, :, None, None], 0)
+    np.testing.assert_allclose(run(dag, default_schedule(dag), arrays)[0], want, rtol=1e-4, atol=1e-4)
