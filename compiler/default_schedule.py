@@ -8,6 +8,8 @@ vectorize everything else along its contiguous axis.
 
 from __future__ import annotations
 
+import math
+
 from compiler import te
 from compiler.dag import ComputeDAG, at_own_index
 from compiler.simplify import linear
@@ -16,6 +18,7 @@ from compiler.te import Load
 
 VECTOR_LANES = 16  # fp32 lanes of one AVX-512 register
 ACCUMULATORS = 16  # vector registers kept for accumulators (of 32)
+MIN_PARALLEL_WORK = 1 << 15  # waking a worker costs ~10 us: below this many loop iterations one thread is faster
 PARALLEL_MIN = 32  # fuse outer loops until this many parallel iterations (16 x cores, as Ansor does)
 
 
@@ -107,7 +110,7 @@ def _tile_anchor(s: State, name: str) -> tuple[State, set[str]]:
     if bn is not None:
         s = s.annotate(local, f"{bn}.1", "unroll")
     s = s.annotate(local, f"{vn}.1", "vectorize")
-    s = _parallel(s, out, outer[:-1])
+    s = _parallel(s, out, outer[:-1], work=_work(s, local))
     return s, {local, out}
 
 
@@ -146,9 +149,17 @@ def _block_axis(s: State, local: str, v: int) -> int | None:
     return max(candidates, key=lambda i: (op.axes[i].name not in used, op.axes[i].extent))
 
 
-def _parallel(s: State, name: str, iters: list[str]) -> State:
-    """Fuse the outermost loops until there is enough parallel work, then mark the fused loop parallel."""
+def _work(s: State, name: str) -> int:
+    op = s.stage(name).op
+    return math.prod(a.extent for a in op.axes) * math.prod(r.extent for r in op.reduce_axes)
+
+
+def _parallel(s: State, name: str, iters: list[str], work: int | None = None) -> State:
+    """Fuse the outermost loops until there is enough parallel work, then mark the fused loop parallel; `work`
+    (loop iterations under these loops, default the stage's own) below MIN_PARALLEL_WORK stays on one thread."""
     stage = s.stage(name)
+    if (work if work is not None else _work(s, name)) < MIN_PARALLEL_WORK:
+        return s
     chosen, extent = [], 1
     for it in iters:
         if stage.iters[stage.iter_index(it)].kind != "spatial":
