@@ -133,8 +133,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     art = Artifact.load(args.artifact)
     if args.inputs:
-        with np.load(args.inputs) as data:
-            inputs = {k: data[k] for k in data.files}
+        try:
+            with np.load(args.inputs) as data:
+                inputs = {k: data[k] for k in data.files}
+        except (OSError, ValueError) as e:
+            raise SystemExit(
+                f"error: cannot read inputs {args.inputs!r} (an .npz with one array per input): {e}"
+            ) from None
     else:
         rng = np.random.default_rng(0)
         inputs = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.meta["inputs"]}
