@@ -94,7 +94,9 @@ def _where(v: Value, graph: Graph, params: dict[int, int], offsets: dict[int, in
 
 def _header(graph: Graph, name: str) -> str:
     def describe(vs: list[Value]) -> str:
-        return "\n".join(f" *   [{i}] {v.name}: {v.dtype}[{', '.join(map(str, v.shape))}]" for i, v in enumerate(vs))
+        # names are the model's own (any text): one holding "*/" must not end the comment early
+        lines = (f" *   [{i}] {v.name.replace('*/', '* /')}: {v.dtype}{list(v.shape)}" for i, v in enumerate(vs))
+        return "\n".join(lines)
 
     return f"""/* tilefarm artifact {name}: run the whole model with one call.
  * inputs (C-contiguous, in this order):
@@ -202,7 +204,8 @@ def run_in_process(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.
     many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
     tasks, calls, optimized = extract_tasks(graph)
     funcs = [lower(default_schedule(t.dag), _kernel_name(t)) for t in tasks]
-    kernels = codegen.compile_funcs(funcs)
+    # a graph that folded to constants has no kernel to compile
+    kernels = codegen.compile_funcs(funcs) if funcs else {}
     arrays: dict[int, np.ndarray] = {}
     for v in optimized.inputs:
         if v.name not in inputs:
@@ -218,5 +221,6 @@ def run_in_process(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.
     out = {}
     for v in optimized.outputs:
         a = arrays.get(id(v))
-        out[v.name] = a.copy() if a is not None else np.ascontiguousarray(v.const, v.dtype)
+        # np.array, not ascontiguousarray: that one makes a scalar output 1-D
+        out[v.name] = a.copy() if a is not None else np.array(v.const, v.dtype)
     return out

@@ -15,6 +15,9 @@ first upgraded to 11 with onnx's version converter) and returns a `Graph` whose 
    `InvalidModel`;
 5. convert each node through its converter in `ONNX_OPS`. `Dropout` becomes `Identity`; `Identity` is kept (a later
    pass removes both).
+
+Graph inputs and outputs keep their ONNX names (`gpu_0/data_0`), which is what a user feeds and reads; internal values
+get readable, unique names.
 """
 
 from __future__ import annotations
@@ -122,6 +125,8 @@ def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
     if not proto.HasField("graph") or not proto.graph.output:
         raise InvalidModel("not an ONNX model: it has no graph or the graph has no outputs")
     _check(proto)
+    if _opset(proto) < 7:
+        proto = _per_channel_prelu(proto)
     if _opset(proto) < MIN_OPSET:
         try:
             proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
@@ -131,6 +136,28 @@ def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
             ) from None
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
+    return proto
+
+
+def _per_channel_prelu(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Before opset 7 a PRelu slope of C values applied per channel (axis 1, as PyTorch exported it); from opset 7
+    on it broadcasts numpy-style from the last axis, and onnx's version converter does not move it, so the slope
+    initializer (read by that PRelu alone) is reshaped to [C, 1, ...] here, and so is its graph input (IR < 4 lists
+    initializers as inputs)."""
+    proto = onnx.shape_inference.infer_shapes(proto)
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*proto.graph.input, *proto.graph.value_info]}
+    inits = {t.name: t for t in proto.graph.initializer}
+    readers = [name for node in proto.graph.node for name in node.input]
+    for node in (n for n in proto.graph.node if n.op_type == "PRelu"):
+        slope, rank = inits.get(node.input[1]), ranks.get(node.input[0], 0)
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] == 1 or rank < 3 or readers.count(slope.name) > 1:
+            continue
+        shape = [slope.dims[0]] + [1] * (rank - 2)
+        slope.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(slope).reshape(shape), slope.name))
+        typed = helper.make_tensor_type_proto(slope.data_type, shape)
+        for vi in proto.graph.input:
+            if vi.name == slope.name:
+                vi.type.CopyFrom(typed)
     return proto
 
 
@@ -609,7 +636,10 @@ class _Ctx:
 class _Converter:
     def __init__(self, state: _State):
         self.s = state
-        self.names: set[str] = set()
+        # graph inputs and outputs keep the model's own names, which users feed and read; no code uses a value's name
+        # as an identifier (tasks and codegen make their own), so internal values are only made readable and unique
+        self.kept = {vi.name for vi in state.inputs} | set(state.outputs)
+        self.names: set[str] = set(self.kept)
         self.values: dict[str, Value] = {}
 
     def unique(self, name: str) -> str:
@@ -629,7 +659,8 @@ class _Converter:
             else:
                 t = self.s.types[name]
                 shape, dtype = t.shape, _dtype_name(t.elem, f"value {name!r}")
-            self.values[name] = Value(self.unique(name), TensorType(tuple(shape), dtype), const)
+            own = name if name in self.kept else self.unique(name)
+            self.values[name] = Value(own, TensorType(tuple(shape), dtype), const)
         return self.values[name]
 
     def run(self) -> Graph:

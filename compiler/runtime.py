@@ -69,7 +69,7 @@ class Artifact:
         for spec in self.meta["inputs"]:
             if spec["name"] not in inputs:
                 raise ArtifactError(f"missing input {spec['name']!r}; the model takes {self.input_names}")
-            a = np.ascontiguousarray(inputs[spec["name"]], dtype=spec["dtype"])
+            a = np.asarray(inputs[spec["name"]], dtype=spec["dtype"], order="C")  # ascontiguousarray makes a scalar 1-D
             if list(a.shape) != spec["shape"]:
                 raise ArtifactError(f"input {spec['name']!r} must have shape {spec['shape']}, got {list(a.shape)}")
             args.append(a)

@@ -17,7 +17,7 @@ from compiler.build import build
 from compiler.errors import UnsupportedOp
 from compiler.onnx_frontend import load
 from compiler.ops import OPS
-from compiler.runtime import Artifact, ArtifactError
+from compiler.runtime import Artifact
 
 # The weights are constant-filled, so all 1000 logits are equal and most of these nets end in a uniform softmax
 # (every output exactly 1e-3) whatever the kernels compute; the logits themselves (1e9 to 1e31 here) carry the whole
@@ -30,17 +30,10 @@ MAX_REL_ERR = {"output": 1e-4, "logits": 1e-3}
 NO_LRN = pytest.mark.xfail(
     "LRN" not in OPS, raises=UnsupportedOp, strict=True, reason="LRN is not implemented (compiler/ops/norm.py)"
 )
-# the frontend sanitizes graph names to C identifiers and the artifact keeps only the sanitized one, so
-# Artifact.run({"gpu_0/data_0": x}) raises "missing input 'gpu_0_data_0'"
-ONNX_NAME_LOST = pytest.mark.xfail(
-    raises=ArtifactError, strict=True, reason="Artifact.run does not accept the ONNX input name gpu_0/data_0"
-)
 MARKS = {
     "bvlc_alexnet": [NO_LRN],
     "inception_v1": [NO_LRN],
-    "zfnet512": [NO_LRN, ONNX_NAME_LOST],
-    "resnet50": [ONNX_NAME_LOST],
-    "shufflenet": [ONNX_NAME_LOST],
+    "zfnet512": [NO_LRN],
 }
 
 
@@ -106,8 +99,7 @@ def test_zoo_model(case, path, record_property):
         art = Artifact.load(f"{tmp}/m.tar")
     record_property("compile_seconds", round(seconds, 2))
 
-    # the numbers first, feeding inputs by position, so a model whose ONNX input names are lost is still checked
-    gots = list(art.run(dict(zip(art.input_names, feeds.values()))).values())
+    gots = list(art.run(feeds).values())  # fed by the model's own input names (gpu_0/data_0)
     assert [g.shape for g in gots] == [w.shape for w in wants]
     errs = {what: float(np.abs(g - w).max() / np.abs(w).max()) for what, g, w in zip(MAX_REL_ERR, gots, wants)}
     print(f"\n{case.model_name}: compile {seconds:.1f} s, max rel err vs onnxruntime "
@@ -117,6 +109,3 @@ def test_zoo_model(case, path, record_property):
     if shipped.exists():  # the reference evaluator's output, at the loader's tolerances
         expected = numpy_helper.to_array(onnx.load_tensor(str(shipped)))
         np.testing.assert_allclose(gots[0], expected, rtol=case.rtol, atol=case.atol)
-
-    # then the artifact as a user calls it: with the model's own input names
-    art.run(feeds)

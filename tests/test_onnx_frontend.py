@@ -1,10 +1,6 @@
-"""The ONNX frontend: normalization rules, folding, input shapes, errors, and the ONNX conformance models."""
+"""The ONNX frontend: normalization, folding, input shapes, value names, errors (ONNX's own tests: test_conformance)."""
 
 from __future__ import annotations
-
-import collections
-import functools
-import warnings
 
 import numpy as np
 import onnx
@@ -12,8 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from compiler.build import run_in_process
 from compiler.errors import InvalidModel, UnsupportedDType, UnsupportedOp
-from compiler.onnx_frontend import ONNX_OPS, PARAM_INPUTS, load, parse_input_shapes
+from compiler.onnx_frontend import ONNX_OPS, load, parse_input_shapes
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -320,11 +317,11 @@ def test_tf2onnx_style_model():
     g = load(model)
     assert [n.op for n in g.nodes] == ["Transpose", "Conv", "Relu", "Reshape"]
     assert g.nodes[1].attrs["pads"] == [0, 0, 1, 1] and g.nodes[-1].attrs == {"shape": [1, 64]}
-    assert [v.name for v in g.inputs] == ["input_1_0"] and g.outputs[0].name == "Identity_0"
+    assert [v.name for v in g.inputs] == ["input_1:0"] and g.outputs[0].name == "Identity:0"  # the model's own names
     x = np.random.default_rng(0).standard_normal((3, 8, 8, 3)).astype(np.float32)
     g3 = load(model, {"input_1:0": [3, 8, 8, 3]})
     want = ReferenceEvaluator(model).run(None, {"input_1:0": x})[0]
-    np.testing.assert_allclose(run_graph(g3, {"input_1_0": x})[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run_in_process(g3, {"input_1:0": x})["Identity:0"], want, rtol=1e-5, atol=1e-5)
 
 
 def test_if_with_constant_condition_takes_its_branch():
@@ -392,7 +389,7 @@ def test_ops_defined_as_onnx_functions_are_expanded(node, opset, inits):
     assert node.op_type not in {n.op for n in g.nodes} and all(n.op in ONNX_OPS for n in g.nodes)
     x = np.random.default_rng(0).standard_normal((2, 4, 3, 3)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
-    np.testing.assert_allclose(run_graph(g, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(run_in_process(g, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- input shapes
@@ -505,94 +502,19 @@ def test_unsupported_dtype_names_the_value():
         load(model)
 
 
-def test_names_are_sanitized_and_unique():
-    nodes = [helper.make_node("Relu", ["in:0"], ["a/b"]), helper.make_node("Relu", ["a/b"], ["a.b"])]
-    g = load(make(nodes, [("in:0", F, [2])], [("a.b", F, None)]))
-    assert [v.name for v in g.inputs] == ["in_0"]
-    assert [n.outputs[0].name for n in g.nodes] == ["a_b", "a_b_1"]
+def test_graph_inputs_and_outputs_keep_their_names_internal_values_are_sanitized_and_unique():
+    nodes = [helper.make_node("Relu", ["in:0"], ["a/b"]), helper.make_node("Relu", ["a/b"], ["a.b"]),
+             helper.make_node("Relu", ["a.b"], ["a_b"])]  # fmt: skip
+    g = load(make(nodes, [("in:0", F, [2])], [("a_b", F, None)]))
+    assert [v.name for v in g.inputs] == ["in:0"] and [v.name for v in g.outputs] == ["a_b"]
+    assert [n.outputs[0].name for n in g.nodes] == ["a_b_1", "a_b_2", "a_b"]
+    x = np.array([-1.0, 2.0], np.float32)
+    assert run_in_process(g, {"in:0": x})["a_b"].tolist() == [0.0, 2.0]
 
 
 # ---------------------------------------------------------------------------------------------- ONNX's own models
 
-# a node test passes its shape/axes/scales parameters as graph inputs; a compiler needs them constant, so they are
-# bound to the test's data: inputs read at a PARAM_INPUTS slot, and every integer input of rank ≤ 1 (center_crop_pad
-# computes its pads from one)
-KNOWN_FAILURES = {
-    "dtype tilefarm does not compute (float16, bfloat16, float8, int4, int16, uint16/32/64, string)": UnsupportedDType,
-    "sequence or optional inputs": "is not a tensor",
-    "training mode (BatchNormalization, Dropout)": "training mode",
-    "extra outputs used (LayerNormalization Mean/InvStdDev, MaxPool Indices)": "only the first output",
-}
-
-
-def bind_parameters(model, inputs):
-    """The model with its parameter inputs turned into initializers, and the arrays of the inputs left."""
-    consumers = collections.defaultdict(list)
-    for node in model.graph.node:
-        for slot, name in enumerate(node.input):
-            consumers[name].append((node.op_type, slot))
-    inits = {t.name for t in model.graph.initializer}
-    real = [vi for vi in model.graph.input if vi.name not in inits]
-    bound = onnx.ModelProto()
-    bound.CopyFrom(model)
-    left = []
-    for vi, value in zip(real, inputs):
-        value = np.asarray(value) if isinstance(value, np.generic) else value
-        is_param = any(slot in PARAM_INPUTS.get(op, ()) for op, slot in consumers[vi.name])
-        # exotic dtypes come as TensorProtos: those stay inputs
-        if isinstance(value, np.ndarray) and (is_param or (value.dtype.kind in "iu" and value.ndim <= 1)):
-            bound.graph.initializer.append(numpy_helper.from_array(value, vi.name))
-            bound.graph.input.remove(next(x for x in bound.graph.input if x.name == vi.name))
-        else:
-            left.append(value)
-    return bound, left
-
-
-def known_failure(err):
-    for reason, what in KNOWN_FAILURES.items():
-        if (isinstance(what, type) and isinstance(err, what)) or (isinstance(what, str) and what in str(err)):
-            return reason
-    return None
-
-
-@functools.cache
-def conformance_cases(kind):
-    from onnx.backend.test.loader import load_model_tests
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_model_tests(kind=kind)
-
-
-def supported_cases(kind):
-    for case in conformance_cases(kind):
-        model = case.model if case.model is not None else onnx.load(f"{case.model_dir}/model.onnx")
-        if all(n.domain in ("", "ai.onnx") and n.op_type in ONNX_OPS for n in model.graph.node):
-            inputs, outputs = case.data_sets[0] if case.data_sets else ([], [])
-            yield case.name, model, inputs, outputs
-
-
-@pytest.mark.parametrize("kind", ["node", "pytorch-converted", "pytorch-operator"])
-def test_onnx_conformance_models_of_supported_ops_load(kind):
-    loaded, known, unexpected = 0, collections.Counter(), collections.defaultdict(list)
-    for name, model, data, expected in supported_cases(kind):
-        try:
-            g = load(bind_parameters(model, data)[0])
-        except (InvalidModel, UnsupportedOp, UnsupportedDType) as e:
-            reason = known_failure(e)
-            if reason:
-                known[reason] += 1
-            else:
-                unexpected[",".join(sorted({n.op_type for n in model.graph.node}))].append(f"{name}: {e}")
-            continue
-        for v, want in zip(g.outputs, expected):
-            if isinstance(want, (np.ndarray, np.generic)):
-                assert v.shape == np.shape(want), f"{name}: {v} but the test expects {np.shape(want)}"
-        loaded += 1
-    print(f"\n{kind}: {loaded} loaded; skipped: {dict(known)}")
-    for ops, fails in sorted(unexpected.items()):
-        print(f"  {ops}: {len(fails)} failed, e.g. {fails[0]}")
-    assert loaded > 0 and not unexpected
+# the backend node tests run end to end in test_conformance.py
 
 
 def test_light_model_zoo_graphs_load():
@@ -606,82 +528,3 @@ def test_light_model_zoo_graphs_load():
         g = load(f)
         assert g.outputs[0].shape[:2] == (1, 1000), f.name
         assert all(n.op in ONNX_OPS or n.op in ("Flatten",) for n in g.nodes)
-
-
-# ---------------------------------------------------------------------------------------------- numerics through OPS
-
-# ops whose ONNX form the frontend rewrites; their node tests run end to end (frontend → compiler.ops → naive
-# schedule → JIT) against the outputs ONNX ships, which checks the normalized attributes mean what ONNX meant
-REWRITTEN = {
-    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "Gemm", "BatchNormalization", "LayerNormalization", "Clip",
-    "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "Reshape", "Flatten", "Transpose",
-    "Concat", "Split", "Slice", "Squeeze", "Unsqueeze", "Gather", "Expand", "Tile", "Pad", "Resize", "Sum", "Mean",
-    "Max", "Min", "TopK", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Celu", "ThresholdedRelu", "Mod", "Cast",
-}  # fmt: skip
-# what compiler.ops does not compute (yet); those cases are skipped, not failed
-OPS_LIMITS = (
-    "every dimension must be positive", "empty tensors", "mode 'cubic'", "only 2-D", "has dtype bool",
-    "Resize: coordinate_transformation_mode", "antialiased",
-)  # fmt: skip
-OPS_MISMATCH = {"test_averagepool_2d_ceil_last_window_starts_on_pad"}  # ceil_mode window starting in the padding
-
-
-def run_graph(g, feeds):
-    """The graph as one naive kernel: every node's compute definition from compiler.ops, constants as inputs."""
-    from compiler import dtypes, ops, te
-    from compiler.codegen import compile_funcs
-    from compiler.dag import ComputeDAG
-    from compiler.lower import lower
-    from compiler.state import initial_state
-
-    tensors, data = {}, {}
-
-    def tensor(v):
-        if v is not None and id(v) not in tensors:
-            tensors[id(v)] = te.placeholder(v.shape, v.dtype, f"in_{v.name}")
-            data[id(tensors[id(v)])] = v.const if v.const is not None else feeds[v.name]
-        return None if v is None else tensors[id(v)]
-
-    for k, n in enumerate(g.nodes):
-        for v, t in zip(n.outputs, ops.OPS[n.op]([tensor(v) for v in n.inputs], n.attrs, f"n{k}")):
-            tensors[id(v)] = t
-    outs = [tensor(v) for v in g.outputs]
-    read, stack = [], list(outs)
-    while stack:  # the placeholders the outputs read, in a fixed order
-        t = stack.pop()
-        if isinstance(t.op, te.PlaceholderOp) and t not in read:
-            read.append(t)
-        elif not isinstance(t.op, te.PlaceholderOp):
-            stack.extend(t.op.inputs)
-    kernel = compile_funcs([lower(initial_state(ComputeDAG(read + outs)), "kernel")])["kernel"]
-    results = [np.zeros(o.shape, dtypes.numpy(o.dtype)) for o in outs]
-    kernel(*[np.ascontiguousarray(data[id(t)]) for t in read], *results)
-    return results
-
-
-def test_rewritten_ops_compute_what_onnx_expects():
-    ran, skipped, wrong = 0, collections.Counter(), []
-    for name, model, data, expected in supported_cases("node"):
-        ops = {n.op_type for n in model.graph.node}
-        # `_random` repeats its `_example` twin's attributes on other data: it checks the ops, not the frontend
-        if name.endswith(("_expanded", "_random")) or not ops <= REWRITTEN or name in OPS_MISMATCH:
-            continue
-        bound, left = bind_parameters(model, data)
-        try:
-            g = load(bound)
-            if any(v.const is not None for v in g.outputs) or not all(isinstance(a, np.ndarray) for a in left):
-                continue
-            got = run_graph(g, {v.name: a for v, a in zip(g.inputs, left)})
-        except Exception as e:
-            if known_failure(e) or any(s in str(e) for s in OPS_LIMITS):
-                skipped[type(e).__name__] += 1
-                continue
-            wrong.append(f"{name}: {type(e).__name__}: {e}")
-            continue
-        for a, b in zip(got, expected):
-            if a.shape != np.shape(b) or not np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
-                wrong.append(f"{name}: wrong values")
-        ran += 1
-    print(f"\n{ran} node tests ran end to end; skipped {dict(skipped)}")
-    assert ran > 200 and not wrong, "\n".join(wrong)

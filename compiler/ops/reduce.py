@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from compiler import dtypes, te
 from compiler.errors import InvalidExpr
-from compiler.ops.checks import FLOATS, NUMERIC, _c, _dtype_in, _input
+from compiler.ops.checks import ALL, FLOATS, NUMERIC, _c, _dtype_in, _input
 from compiler.ops.transform import reshape_to
 
 Expr = te.Expr
@@ -111,8 +111,8 @@ def _product(x: te.Tensor, axes: list[int], keepdims: bool, name: str) -> te.Ten
 REDUCE: dict[str, tuple[tuple[str, ...], Callable, Callable[[Expr], Expr], Callable[[Expr], Expr] | None]] = {
     "ReduceSum": (NUMERIC, te.sum, lambda v: v, None),
     "ReduceMean": (NUMERIC, te.sum, lambda v: v, None),  # the division is `_mean_divide`
-    "ReduceMax": (NUMERIC, te.max, lambda v: v, None),
-    "ReduceMin": (NUMERIC, te.min, lambda v: v, None),
+    "ReduceMax": (ALL, te.max, lambda v: v, None),  # over bool: any (see `_bool_extreme`)
+    "ReduceMin": (ALL, te.min, lambda v: v, None),  # over bool: all
     "ReduceL1": (NUMERIC, te.sum, te.abs, None),
     "ReduceSumSquare": (NUMERIC, te.sum, lambda v: v * v, None),
     "ReduceL2": (FLOATS, te.sum, lambda v: v * v, te.sqrt),
@@ -120,6 +120,12 @@ REDUCE: dict[str, tuple[tuple[str, ...], Callable, Callable[[Expr], Expr], Calla
     "ReduceLogSumExp": (FLOATS, te.sum, lambda v: v, None),  # built by `_log_sum_exp`
     "ReduceProd": (NUMERIC, None, lambda v: v, None),  # built by `_product`
 }
+
+
+def _bool_extreme(x: te.Tensor, axes: list[int], keepdims: bool, reducer: Callable, name: str) -> te.Tensor:
+    """Max or min of bools (any / all), reduced as uint8: the reduction's identity needs a numeric dtype."""
+    red = reduce_over(x, axes, keepdims, reducer, lambda v, o: te.cast("uint8", v), f"{name}_reduce")
+    return te.compute(red.shape, lambda *i: te.cast("bool", red[i]), name=name, tag="elemwise")
 
 
 def reduce(op: str):
@@ -139,6 +145,8 @@ def reduce(op: str):
             return [_log_sum_exp(x, axes, keepdims, name)]
         if op == "ReduceProd":
             return [_product(x, axes, keepdims, name)]
+        if x.dtype == "bool":
+            return [_bool_extreme(x, axes, keepdims, reducer, name)]
         last = op == "ReduceSum" or op in ("ReduceMax", "ReduceMin", "ReduceL1", "ReduceSumSquare")
         red = reduce_over(x, axes, keepdims, reducer, lambda v, o: pre(v), name if last else f"{name}_reduce")
         if op == "ReduceMean":
