@@ -27,11 +27,6 @@ UNSUPPORTED: dict[str, str] = {
     "test_identity_opt": "optional input: tilefarm compiles tensors only",
     "test_training_dropout*": "training mode: Dropout is compiled for inference (Identity)",
     "test_batchnorm_*_training_mode": "training mode: BatchNormalization's running statistics are not computed",
-    **dict.fromkeys(
-        ["test_layer_normalization_*d_axis?", "test_layer_normalization_*d_axis_negative_?",
-         "test_layer_normalization_3d_*_epsilon", "test_layer_normalization_default_axis"],
-        "extra outputs: the test reads LayerNormalization's Mean and InvStdDev; tilefarm computes only Y",
-    ),
     "test_maxpool_with_argmax_*": "extra outputs: the test reads MaxPool's Indices; tilefarm computes only Y",
     **dict.fromkeys(
         ["test_reduce_*_empty_set*", "test_reshape_allowzero_reordered", "test_slice_start_out_of_bounds",

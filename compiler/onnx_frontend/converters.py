@@ -245,14 +245,43 @@ def _softmax(ctx: _Ctx) -> list[Node]:
 
 
 def LayerNormalization(ctx: _Ctx) -> list[Node]:
-    ctx.first_output_only()  # Mean and InvStdDev
     rank = len(ctx.inputs[0].shape)
     attrs = {
         "axis": _axis(ctx.attrs.get("axis", -1), rank),
         "epsilon": ctx.attrs.get("epsilon", 1e-5),
         "stash_type": ctx.attrs.get("stash_type", 1),
     }
-    return [ctx.node("LayerNormalization", ctx.inputs, attrs)]
+    read = [v if name in ctx.used else None for name, v in zip(ctx.onnx_outputs[1:], ctx.outputs[1:])]
+    mean, inv_std = (read + [None, None])[:2]
+    ctx.outputs = ctx.outputs[:1]
+    nodes = [ctx.node("LayerNormalization", ctx.inputs, attrs)]
+    if mean is not None or inv_std is not None:
+        nodes += _layer_norm_stats(ctx, attrs["axis"], attrs["epsilon"], mean, inv_std)
+    return nodes
+
+
+def _layer_norm_stats(ctx: _Ctx, axis: int, epsilon: float, mean: Value | None, inv_std: Value | None) -> list[Node]:
+    """LayerNormalization's optional outputs, when read, as nodes of their own: Mean = mean(x) and
+    InvStdDev = 1 / sqrt(mean((x - Mean)²) + epsilon) over the axes from `axis` on (kept as size 1)."""
+    x = ctx.inputs[0]
+    axes = list(range(axis, len(x.shape)))
+    kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+    reduce = {"axes": axes, "keepdims": 1, "noop_with_empty_axes": 0}
+    mean = mean or ctx.temp("mean", kept, x.dtype)
+    nodes = [ctx.node("ReduceMean", [x], reduce, [mean])]
+    if inv_std is None:
+        return nodes
+    diff, square = ctx.temp("diff", x.shape, x.dtype), ctx.temp("square", x.shape, x.dtype)
+    var, shifted, std = (ctx.temp(what, kept, x.dtype) for what in ("var", "var_eps", "std"))
+    eps = ctx.constant("epsilon", np.array(epsilon, x.dtype))
+    return nodes + [
+        ctx.node("Sub", [x, mean], outputs=[diff]),
+        ctx.node("Mul", [diff, diff], outputs=[square]),
+        ctx.node("ReduceMean", [square], reduce, [var]),
+        ctx.node("Add", [var, eps], outputs=[shifted]),
+        ctx.node("Sqrt", [shifted], outputs=[std]),
+        ctx.node("Reciprocal", [std], outputs=[inv_std]),
+    ]
 
 
 def _reduce(ctx: _Ctx) -> list[Node]:
