@@ -28,14 +28,6 @@ UNSUPPORTED: dict[str, str] = {
     "test_training_dropout*": "training mode: Dropout is compiled for inference (Identity)",
     "test_batchnorm_*_training_mode": "training mode: BatchNormalization's running statistics are not computed",
     "test_maxpool_with_argmax_*": "extra outputs: the test reads MaxPool's Indices; tilefarm computes only Y",
-    **dict.fromkeys(
-        ["test_reduce_*_empty_set*", "test_reshape_allowzero_reordered", "test_slice_start_out_of_bounds",
-         "test_split_zero_size_splits_*", "test_causal_conv_with_state_kernel_size_one_expanded",
-         "test_rotary_embedding_expanded", "test_rotary_embedding_3d_input_expanded",
-         "test_rotary_embedding_interleaved_expanded", "test_rotary_embedding_no_position_ids_expanded",
-         "test_rotary_embedding_no_position_ids_interleaved_expanded"],
-        "empty tensors: a dimension of size 0 (input, output or an intermediate slice) is not supported",
-    ),
     "test_resize_downsample_*_antialias": "Resize antialias=1 (antialiased downscaling) is not implemented",
 }  # fmt: skip
 

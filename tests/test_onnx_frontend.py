@@ -103,7 +103,7 @@ def test_reshape_zero_and_minus_one_resolved():
     [
         ([-3, 0], [BIG, -1], [0, 1], [1, 2], {"starts": [7, 0], "ends": [10, 7], "axes": [0, 1], "steps": [1, 2]}),
         ([-1], [-BIG], [1], [-1], {"starts": [7], "ends": [-1], "axes": [1], "steps": [-1]}),
-        ([20, 1], [30, 3], [-1, 0], [1, 1], {"starts": [1, 8], "ends": [3, 8], "axes": [0, 1], "steps": [1, 1]}),
+        ([-20, 1], [5, 3], [-1, 0], [1, 1], {"starts": [1, 0], "ends": [3, 5], "axes": [0, 1], "steps": [1, 1]}),
     ],
 )
 def test_slice_clamped_and_listed(starts, ends, axes, steps, want):
@@ -113,6 +113,19 @@ def test_slice_clamped_and_listed(starts, ends, axes, steps, want):
     g = load(model)
     assert only(g).attrs == want
     assert g.outputs[0].shape == ort_shapes(model, {"x": [10, 8]})[0]
+
+
+def test_empty_tensors_fold_to_constants_and_drop_out_of_split_and_concat():
+    nodes = [
+        helper.make_node("Slice", ["x", "st", "en", "ax"], ["e"]),  # starts past the end: x[:, 8:8]
+        helper.make_node("ReduceSum", ["e", "ax"], ["s"], keepdims=1),  # the sum of nothing: zeros
+        helper.make_node("Split", ["x", "sp"], ["a", "b"], axis=1),
+        helper.make_node("Concat", ["b", "a"], ["y"], axis=1),
+    ]
+    inits = {"st": ints(20), "en": ints(30), "ax": ints(1), "sp": ints(8, 0)}
+    g = load(make(nodes, [("x", F, [2, 8])], [("s", F, None), ("y", F, None)], 13, inits))
+    assert g.outputs[0].const.tolist() == [[0.0], [0.0]]
+    assert [(n.op, n.attrs.get("split")) for n in g.nodes] == [("Split", [8]), ("Identity", None)]
 
 
 @pytest.mark.parametrize(

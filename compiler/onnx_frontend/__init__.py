@@ -396,8 +396,11 @@ class _State:
 
     def fold(self) -> bool:
         kept: list[onnx.NodeProto] = []
-        changed = False
+        changed = self._empty_values_are_constants()
         for node in self.nodes:
+            if all(self._empty(n) for n in node.output if n):
+                changed = True
+                continue  # `_empty_values_are_constants` gave its outputs
             branch = self._constant_branch(node)
             if branch is not None:
                 kept.extend(branch)
@@ -413,6 +416,18 @@ class _State:
             changed = True
         self.nodes = kept
         return changed
+
+    def _empty(self, name: str) -> bool:
+        t = self.types.get(name)
+        return t is not None and t.static and math.prod(t.shape) == 0
+
+    def _empty_values_are_constants(self) -> bool:
+        """A tensor with no elements is known from its type alone: it becomes a constant, so what reads it folds
+        (a reduction over an empty axis, a Concat part of size 0), since kernels have no zero-sized loops."""
+        empty = [n for n in self.types if n not in self.consts and self._empty(n)]
+        for name in empty:
+            self.consts[name] = np.zeros(self.types[name].shape, _np_dtype(self.types[name].elem))
+        return bool(empty)
 
     def _constant_branch(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         """The nodes of the branch an `If` with a constant condition takes (exporters leave such shape checks)."""
@@ -461,9 +476,10 @@ class _State:
         if node.op_type == "ConstantOfShape":
             return [_constant_of_shape(node, self.consts[node.input[0]])]
         try:
-            return onnx.reference.ReferenceEvaluator(node, opsets={"": self.opset}).run(
-                None, {n: self.consts[n] for n in args}
-            )
+            with np.errstate(all="ignore"):  # log(0) = -inf and the like fold as they compute at run time
+                return onnx.reference.ReferenceEvaluator(node, opsets={"": self.opset}).run(
+                    None, {n: self.consts[n] for n in args}
+                )
         except Exception:
             return None  # left as a node: either supported at run time or reported as unsupported
 

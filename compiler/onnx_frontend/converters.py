@@ -321,7 +321,11 @@ def Transpose(ctx: _Ctx) -> list[Node]:
 
 def Concat(ctx: _Ctx) -> list[Node]:
     rank = len(ctx.outputs[0].shape)
-    return [ctx.node("Concat", ctx.inputs, {"axis": _axis(ctx.attrs["axis"], rank)})]
+    # empty parts add nothing (and kernels cannot hold them); the output is not empty, or it would have folded
+    parts = [v for v in ctx.inputs if math.prod(v.shape) > 0]
+    if len(parts) == 1:
+        return [ctx.node("Identity", parts)]
+    return [ctx.node("Concat", parts, {"axis": _axis(ctx.attrs["axis"], rank)})]
 
 
 def Split(ctx: _Ctx) -> list[Node]:
@@ -330,7 +334,9 @@ def Split(ctx: _Ctx) -> list[Node]:
     split = ctx.ints(1, "split") if ctx.opset >= 13 else ctx.attrs.get("split")
     if not split:  # sizes follow from the outputs inference produced (equal parts, or num_outputs' ceil split)
         split = [o.shape[axis] for o in ctx.outputs]
-    return [ctx.node("Split", [x], {"axis": axis, "split": list(split)}, ctx.outputs)]
+    # a part of size 0 is an empty constant already (the frontend folds empty tensors): only the others are computed
+    parts = [(o, n) for o, n in zip(ctx.outputs, split) if n > 0]
+    return [ctx.node("Split", [x], {"axis": axis, "split": [n for _, n in parts]}, [o for o, _ in parts])]
 
 
 def Slice(ctx: _Ctx) -> list[Node]:
