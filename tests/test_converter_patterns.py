@@ -159,3 +159,16 @@ def test_paddle_style_model_matches_onnxruntime(tmp_path):
     err = np.abs(got - want[0]).max() / np.abs(want[0]).max()
     print(f"max relative error {err:.2e}")
     assert got.shape == (2, 12, 16) and err < 1e-4
+
+
+def test_output_without_declared_shape_is_accepted():
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    g = load(model, {"x": [2, 3]})
+    assert g.outputs[0].shape == (2, 3)

@@ -98,7 +98,9 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
 
 def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
-        return model
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # loading never changes the caller's model
+        return copy
     if isinstance(model, (bytes, bytearray)):
         proto = onnx.ModelProto()
         try:
@@ -157,6 +159,16 @@ def _per_channel_prelu(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _check(proto: onnx.ModelProto) -> None:
+    if any(not o.type.tensor_type.HasField("shape") for o in proto.graph.output):
+        # exporters may leave an output's shape unset (onnxruntime accepts that; onnx's checker does not):
+        # fill it from shape inference first
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto)
+        except Exception:
+            inferred = proto
+        for out, new in zip(proto.graph.output, inferred.graph.output):
+            if not out.type.tensor_type.HasField("shape") and new.type.tensor_type.HasField("shape"):
+                out.type.CopyFrom(new.type)
     try:
         onnx.checker.check_model(proto)
     except Exception as e:
