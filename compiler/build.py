@@ -21,6 +21,8 @@ from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
 from compiler.passes import Group, plan_memory
+from compiler.records import Database
+from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import Call, Task, extract_tasks
 
@@ -32,6 +34,7 @@ class BuildInfo:
     tasks: list[Task]
     calls: list[Call]
     seconds: dict[str, float] = field(default_factory=dict)
+    records_used: dict[str, dict] = field(default_factory=dict)  # task key -> the record applied
 
 
 def _kernel_name(task: Task) -> str:
@@ -121,13 +124,45 @@ int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace);
 """
 
 
-def build(graph: Graph, path: str | Path, name: str = "model", records: dict | None = None) -> BuildInfo:
-    """Compile `graph` into the artifact at `path` (a .tar); `records` maps workload key -> State to use."""
+def target_name(target: Target) -> str:
+    """The target string records are filed under."""
+    return f"llvm -mcpu={target.mcpu}"
+
+
+def schedule_tasks(tasks: list[Task], database: Database | None, target: Target) -> tuple[list, dict[str, dict]]:
+    """The best record per task when the database has one that replays, else the default schedule; returns the
+    States and, per task key, the record used."""
+    states, used = [], {}
+    for t in tasks:
+        state = None
+        candidates = (
+            database.best(t.key, target_name(target), target.fingerprint(), k=8) if database is not None else []
+        )
+        for rec in candidates:
+            try:
+                state = apply_steps(t.dag, [step_from_record(r) for r in rec.steps])
+            except TilefarmError:
+                continue  # a record from another tilefarm version may no longer replay: fall back
+            used[t.key] = {
+                "workload_key": t.key,
+                "host": rec.host,
+                "mean_seconds": rec.mean_cost,
+                "timestamp": rec.timestamp,
+                "version": rec.version,
+            }
+            break
+        states.append(state or default_schedule(t.dag))
+    return states, used
+
+
+def build(graph: Graph, path: str | Path, name: str = "model", records: Database | None = None) -> BuildInfo:
+    """Compile `graph` into the artifact at `path` (a .tar), applying the best record per task from `records`."""
     t0 = time.perf_counter()
     tasks, calls, optimized = extract_tasks(graph)
     t1 = time.perf_counter()
-    records = records or {}
-    funcs = [lower(records.get(t.key) or default_schedule(t.dag), _kernel_name(t)) for t in tasks]
+    host = Target.host()
+    states, used = schedule_tasks(tasks, records, host)
+    funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
     consts = {id(v): v for c in calls for v in c.args if v.const is not None}
     blob, params = io.BytesIO(), {}
@@ -155,7 +190,7 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: dict | N
         t3 = time.perf_counter()
         (tmp / f"{name}.h").write_text(_header(optimized, name))
         files = [f"{name}.so", f"{name}.h"]
-        target = Target.host()
+        target = host
         meta = {
             "name": name,
             "format": 1,
@@ -165,13 +200,18 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: dict | N
             "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.outputs],
             "workspace_bytes": workspace,
             "params_bytes": len(blob.getvalue()),
-            "target": {"kind": target.kind, "mcpu": target.mcpu, "features": target.features},
+            "target": {
+                "name": target_name(target),
+                "kind": target.kind,
+                "mcpu": target.mcpu,
+                "features": target.features,
+            },
             "host": target.fingerprint(),
             "tasks": [
-                {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in records}
+                {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in used}
                 for t in tasks
             ],
-            "records": [t.key for t in tasks if t.key in records],
+            "records": list(used.values()),
             "calls": [
                 {
                     "kernel": _kernel_name(c.task),
@@ -186,24 +226,32 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: dict | N
         with tarfile.open(path, "w") as tar:
             for f in ["meta.json", *files]:
                 tar.add(tmp / f, arcname=f)
-    return BuildInfo(tasks, calls, {"extract": t1 - t0, "lower": t2 - t1, "codegen": t3 - t2})
+    return BuildInfo(tasks, calls, {"extract": t1 - t0, "lower": t2 - t1, "codegen": t3 - t2}, used)
 
 
 def compile_model(
-    model, output: str | Path, input_shapes: dict[str, list[int]] | None = None, name: str | None = None
+    model,
+    output: str | Path,
+    input_shapes: dict[str, list[int]] | None = None,
+    name: str | None = None,
+    records: Database | None = None,
 ) -> BuildInfo:
-    """ONNX model (path, bytes or ModelProto) -> artifact at `output`."""
+    """ONNX model (path, bytes or ModelProto) -> artifact at `output`, using the best of `records` per task."""
     from compiler.onnx_frontend import load
 
     graph = load(model, input_shapes)
-    return build(graph, output, name=name or Path(output).stem.replace("-", "_").replace(".", "_") or "model")
+    name = name or Path(output).stem.replace("-", "_").replace(".", "_") or "model"
+    return build(graph, output, name=name, records=records)
 
 
-def run_in_process(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_in_process(
+    graph: Graph, inputs: dict[str, np.ndarray], records: Database | None = None
+) -> dict[str, np.ndarray]:
     """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
     many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
     tasks, calls, optimized = extract_tasks(graph)
-    funcs = [lower(default_schedule(t.dag), _kernel_name(t)) for t in tasks]
+    states, _ = schedule_tasks(tasks, records, Target.host())
+    funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
     kernels = codegen.compile_funcs(funcs) if funcs else {}
     arrays: dict[int, np.ndarray] = {}

@@ -119,10 +119,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     graph = _load_model(args.model, args.input_shapes)
     name = Path(args.output).stem.replace("-", "_") or "model"
-    info = build(graph, args.output, name=name)
+    records = None
+    if args.records:
+        from compiler.records import JSONLinesDatabase
+
+        if not Path(args.records).exists():
+            raise SystemExit(f"error: no such records file: {args.records}")
+        records = JSONLinesDatabase(args.records)
+    info = build(graph, args.output, name=name, records=records)
     print(
-        f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks, {len(info.calls)} kernel calls, "
-        f"{time.perf_counter() - t:.1f} s"
+        f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
+        f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
     )
     return 0
 
@@ -208,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("model")
     c.add_argument("--input-shapes", help='fix symbolic dims, e.g. "input:[1,3,224,224],mask:[1,128]"')
     c.add_argument("--target", default="llvm", help="code generation target (this host's CPU: llvm)")
+    c.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
     c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")

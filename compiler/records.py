@@ -1,0 +1,140 @@
+"""Tuning records and the Database protocol; `JSONLinesDatabase` keeps them in a JSON-lines file.
+
+A record says: this step list (a schedule) for this workload ran in these times on this host for this target.
+Records replay: `apply_steps(dag, record.steps)` rebuilds the State. The SQL database of the service implements
+the same protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from compiler.errors import TilefarmError
+
+VERSION = "0.1.0"
+
+
+class RecordError(TilefarmError):
+    """A record or records file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    workload_key: str
+    target: str
+    host: str
+    steps: tuple  # step records, ["SP", 2, 0, [8], true], … (see compiler.state.Step.record)
+    costs: tuple[float, ...] = ()  # seconds per run, one per repeat
+    error: str | None = None  # error code ("build", "run", "timeout", "wrong_answer") or None
+    error_message: str = ""
+    timestamp: float = field(default_factory=time.time)
+    version: str = VERSION
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.costs)
+
+    @property
+    def mean_cost(self) -> float:
+        return sum(self.costs) / len(self.costs) if self.ok else float("inf")
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """What makes a record unique: the same schedule measured twice on one host is one record."""
+        return self.workload_key, self.host, json.dumps(self.steps, separators=(",", ":"))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(line: str) -> TuningRecord:
+        try:
+            d = json.loads(line)
+            return TuningRecord(
+                d["workload_key"],
+                d["target"],
+                d["host"],
+                _tuple(d["steps"]),
+                tuple(float(c) for c in d["costs"]),
+                d.get("error"),
+                d.get("error_message", ""),
+                float(d.get("timestamp", 0.0)),
+                d.get("version", ""),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise RecordError(f"not a tuning record: {e}: {line[:120]!r}") from None
+
+
+def _tuple(v):
+    return tuple(_tuple(x) for x in v) if isinstance(v, list) else v
+
+
+class Database(Protocol):
+    """Where tuning records live: a file here, the team's SQL database in the service."""
+
+    def commit(self, record: TuningRecord) -> bool:
+        """Store a record; False if an identical one (same workload, host and steps) is already stored."""
+        ...
+
+    def best(self, workload_key: str, target: str, host: str | None = None, k: int = 1) -> list[TuningRecord]:
+        """The k fastest error-free records for a workload on a target (and host, when given)."""
+        ...
+
+    def __iter__(self) -> Iterator[TuningRecord]:
+        """Every record, for training cost models and exporting."""
+        ...
+
+
+class JSONLinesDatabase:
+    """Records in a JSON-lines file, appended on commit; indexed in memory when opened."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._records: list[TuningRecord] = []
+        self._seen: set[tuple[str, str, str]] = set()
+        if self.path.exists():
+            with self.path.open() as f:
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            self._add(TuningRecord.from_json(line))
+                        except RecordError as e:
+                            raise RecordError(f"{self.path}:{n}: {e}") from None
+
+    def _add(self, r: TuningRecord) -> bool:
+        if r.identity in self._seen:
+            return False
+        self._seen.add(r.identity)
+        self._records.append(r)
+        return True
+
+    def commit(self, record: TuningRecord) -> bool:
+        if not self._add(record):
+            return False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(record.to_json() + "\n")
+        return True
+
+    def import_records(self, records: Iterable[TuningRecord]) -> int:
+        """Commit many; returns how many were new (importing the same file twice adds nothing)."""
+        return sum(self.commit(r) for r in records)
+
+    def best(self, workload_key: str, target: str, host: str | None = None, k: int = 1) -> list[TuningRecord]:
+        found = [
+            r
+            for r in self._records
+            if r.ok and r.workload_key == workload_key and r.target == target and (host is None or r.host == host)
+        ]
+        return sorted(found, key=lambda r: r.mean_cost)[:k]
+
+    def __iter__(self) -> Iterator[TuningRecord]:
+        return iter(list(self._records))
+
+    def __len__(self) -> int:
+        return len(self._records)

@@ -1,0 +1,91 @@
+"""Tuning records: the JSON-lines database, and compiling with records (best per task, fallback otherwise)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.build import build, target_name
+from compiler.onnx_frontend import load
+from compiler.records import JSONLinesDatabase, RecordError, TuningRecord
+from compiler.runtime import Artifact
+from compiler.target import Target
+from compiler.tasks import extract_tasks
+
+
+def rec(key="w1", host="h1", steps=(("SP", 0, 0, (4,), True),), costs=(1.0,), target="llvm -mcpu=x", error=None):
+    return TuningRecord(key, target, host, steps, costs, error)
+
+
+def test_commit_is_idempotent_and_persists(tmp_path):
+    path = tmp_path / "r.jsonl"
+    db = JSONLinesDatabase(path)
+    assert db.commit(rec()) and not db.commit(rec(costs=(2.0,)))  # same workload, host and steps: one record
+    assert db.commit(rec(host="h2"))
+    assert len(path.read_text().splitlines()) == 2
+    again = JSONLinesDatabase(path)
+    assert len(again) == 2 and list(again)[0] == list(db)[0]
+    assert again.import_records(db) == 0  # importing what is there adds nothing
+
+
+def test_best_filters_by_target_host_and_errors(tmp_path):
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    db.commit(rec(steps=(("SP", 0, 0, (2,), True),), costs=(3.0, 3.0)))
+    db.commit(rec(steps=(("SP", 0, 0, (4,), True),), costs=(1.0, 2.0)))
+    db.commit(rec(steps=(("SP", 0, 0, (8,), True),), costs=(), error="run"))
+    db.commit(rec(steps=(("SP", 0, 0, (16,), True),), costs=(0.1,), target="llvm -mcpu=other"))
+    best = db.best("w1", "llvm -mcpu=x", k=5)
+    assert [r.mean_cost for r in best] == [1.5, 3.0]
+    assert db.best("w1", "llvm -mcpu=x", host="nope") == []
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(rec().to_json() + "\n{not json\n")
+    with pytest.raises(RecordError, match=r"r.jsonl:2"):
+        JSONLinesDatabase(path)
+
+
+def dense_model():
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    g = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m, inits
+
+
+def test_compile_applies_the_best_record_and_lists_it(tmp_path):
+    model, inits = dense_model()
+    graph = load(model)
+    (task,), _, _ = extract_tasks(graph)
+    host = Target.host()
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    # a naive schedule (no steps) measured fast, and a record whose steps no longer replay, measured faster
+    db.commit(TuningRecord(task.key, target_name(host), host.fingerprint(), (), (2e-6,)))
+    db.commit(TuningRecord(task.key, target_name(host), host.fingerprint(), (("SP", 99, 0, (4,), True),), (1e-6,)))
+    info = build(graph, tmp_path / "m.tar", name="m", records=db)
+    assert list(info.records_used) == [task.key]
+    with tarfile.open(tmp_path / "m.tar") as tar:
+        meta = json.load(tar.extractfile("meta.json"))
+    assert meta["records"][0]["mean_seconds"] == pytest.approx(2e-6) and meta["tasks"][0]["record"]
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    want = x @ numpy_helper.to_array(inits[0]) + numpy_helper.to_array(inits[1])
+    np.testing.assert_allclose(Artifact.load(tmp_path / "m.tar").run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    # without records: the default schedule, and nothing listed
+    info = build(graph, tmp_path / "d.tar", name="d")
+    assert info.records_used == {}
