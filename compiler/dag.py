@@ -63,7 +63,7 @@ class ComputeDAG:
         outputs = [t for t in tensors if isinstance(t.op, te.ComputeOp)]
         if not outputs:
             raise InvalidExpr("a ComputeDAG needs at least one computed output tensor")
-        order = _toposort(outputs)
+        order = topological_tensors(outputs)
         names = _unique_names(order)
         self.ops: tuple[Op, ...] = tuple(_to_op(t, names) for t in order)
         placeholders = [t for t in order if isinstance(t.op, te.PlaceholderOp)]
@@ -212,7 +212,8 @@ def _rename_node(n: Expr, axes: dict[str, Var], tensors: dict[str, str]) -> Expr
     return None
 
 
-def _toposort(outputs: Sequence[te.Tensor]) -> list[te.Tensor]:
+def topological_tensors(outputs: Sequence[te.Tensor]) -> list[te.Tensor]:
+    """Every tensor the outputs depend on (themselves included), producers first."""
     order: list[te.Tensor] = []
     seen: set[int] = set()
 

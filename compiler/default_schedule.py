@@ -124,15 +124,7 @@ def _reads_at_own_index(s: State, producer: str, consumer: str) -> bool:
 
 def _loads(s: State, body) -> list[Load]:
     """Loads of `body` after substituting inlined stages (what the consumer really reads)."""
-    out = []
-    for ld in te.loads(body):
-        st = next((x for x in s.stages if x.name == ld.buffer), None)
-        if st is not None and st.compute_at == "inline":
-            sub = te.substitute(st.op.body, {a.name: i for a, i in zip(st.op.axes, ld.indices)})
-            out.extend(_loads(s, sub))
-        else:
-            out.append(ld)
-    return out
+    return te.loads(s.resolve_inlined(body))
 
 
 def _block_axis(s: State, local: str, v: int) -> int | None:

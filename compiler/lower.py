@@ -42,21 +42,10 @@ class _Lowering:
         self.used_names: set[str] = set()
         self.loop_names: dict[tuple[str, str], str] = {}
         self.values = {
-            s.name: self._resolve(s.op.body) for s in state.stages if s.op.body is not None and s.compute_at != "inline"
+            s.name: state.resolve_inlined(s.op.body)
+            for s in state.stages
+            if s.op.body is not None and s.compute_at != "inline"
         }
-
-    # ------------------------------------------------------------------------------------------ inlining
-
-    def _resolve(self, e: Expr) -> Expr:
-        """Substitute inlined stages' expressions for their loads."""
-
-        def visit(n: Expr) -> Expr | None:
-            if isinstance(n, Load) and self.stages[n.buffer].compute_at == "inline":
-                op = self.stages[n.buffer].op
-                return self._resolve(te.substitute(op.body, {a.name: i for a, i in zip(op.axes, n.indices)}))
-            return None
-
-        return te.rewrite(e, visit)
 
     def readers(self, name: str) -> list[Stage]:
         return [

@@ -161,6 +161,17 @@ class State:
                 out.extend(self.consumers(s.name) if s.compute_at == "inline" else [s.name])
         return list(dict.fromkeys(out))
 
+    def resolve_inlined(self, e: Expr) -> Expr:
+        """`e` with every load of an inlined stage replaced by that stage's expression (what is really read)."""
+
+        def visit(n: Expr) -> Expr | None:
+            if isinstance(n, Load) and self.stage(n.buffer).compute_at == "inline":
+                op = self.stage(n.buffer).op
+                return self.resolve_inlined(te.substitute(op.body, {a.name: i for a, i in zip(op.axes, n.indices)}))
+            return None
+
+        return te.rewrite(e, visit)
+
     def attached_at(self, name: str, iter_name: str) -> list[Stage]:
         return [s for s in self.stages if s.compute_at == "iter" and s.attach == (name, iter_name)]
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from compiler import ops, te
-from compiler.dag import ComputeDAG
+from compiler.dag import ComputeDAG, topological_tensors
 from compiler.errors import TilefarmError, UnsupportedOp
 from compiler.graph import Graph, Value
 from compiler.passes import Group, fuse, optimize
@@ -74,23 +74,11 @@ def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
             # an output that is an input (Identity-like ops) or listed twice still needs its own buffer
             t = te.compute(t.shape, lambda *i, t=t: t[i], name=_ident(f"{v.name}_copy", taken))
         outputs.append(t)
-    read = {id(t) for t in _reachable(outputs)}
+    read = {id(t) for t in topological_tensors(outputs)}
     inputs = [(v, tensors[id(v)]) for v in group.inputs if id(tensors[id(v)]) in read]
     dag = ComputeDAG([t for _, t in inputs] + outputs)
     by_name = {t.name: v for v, t in inputs}
     return dag, [by_name[n] for n in dag.inputs] + list(group.outputs)
-
-
-def _reachable(outputs: list[te.Tensor]) -> list[te.Tensor]:
-    seen: dict[int, te.Tensor] = {}
-    stack = list(outputs)
-    while stack:
-        t = stack.pop()
-        if id(t) not in seen:
-            seen[id(t)] = t
-            if isinstance(t.op, te.ComputeOp):
-                stack.extend(t.op.inputs)
-    return list(seen.values())
 
 
 def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:

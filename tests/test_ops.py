@@ -7,6 +7,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from compiler import ops, te
+from compiler.dag import topological_tensors
 from compiler.errors import InvalidExpr
 
 # ---------------------------------------------------------------------------------------------- a direct TE evaluator
@@ -95,19 +96,7 @@ def _case_run(name, fdt=np.float64, sequential=False, seed=0):
 
 
 def _stages(t):
-    seen, order = set(), []
-
-    def visit(x):
-        if id(x) in seen:
-            return
-        seen.add(id(x))
-        if isinstance(x.op, te.ComputeOp):
-            for i in x.op.inputs:
-                visit(i)
-        order.append(x)
-
-    visit(t)
-    return [x.name for x in order if isinstance(x.op, te.ComputeOp)]
+    return [x.name for x in topological_tensors([t]) if isinstance(x.op, te.ComputeOp)]
 
 
 # ---------------------------------------------------------------------------------------------- the KERNELS table
