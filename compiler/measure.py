@@ -1,0 +1,457 @@
+"""Measuring candidate schedules: build each into a shared library, then check and time it in a sandbox.
+
+`LocalBuilder` replays a candidate's steps, lowers and links it, in a pool of worker processes (a build that runs
+past its timeout has its process killed and replaced). `LocalRunner` runs one candidate at a time in a persistent
+child process (`compiler/measure_worker.py`, numpy and ctypes only): a kernel that crashes or hangs kills only that
+child, which is restarted for the next candidate. Before timing, every candidate's outputs are compared with the
+default schedule's on seeded random inputs, so a schedule that computes the wrong thing never wins.
+`measure(inputs, builder, runner)` does both; `to_record` turns a result into a TuningRecord.
+
+Failures are results, never exceptions: `MeasureResult.error` is one of ERRORS.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from compiler import dtypes
+from compiler.build import target_name
+from compiler.codegen import emit_shared_library
+from compiler.dag import ComputeDAG
+from compiler.default_schedule import default_schedule
+from compiler.errors import IllegalStep, TilefarmError
+from compiler.lower import lower
+from compiler.records import TuningRecord
+from compiler.state import Step, apply_steps
+from compiler.target import Target
+from compiler.tasks import Task
+
+# error codes (TuningRecord.error)
+INSTANTIATION = "instantiation"  # the steps do not replay on the task's DAG
+BUILD = "build"  # lowering, code generation or linking failed (or the build process died)
+BUILD_TIMEOUT = "build_timeout"
+RUN = "run"  # the kernel crashed the sandbox (segfault, abort, …) or its library could not be loaded
+RUN_TIMEOUT = "run_timeout"  # no answer within the runner's timeout: the kernel hangs or is far too slow
+WRONG_ANSWER = "wrong_answer"  # the outputs differ from the default schedule's
+UNKNOWN = "unknown"  # anything else (the reference itself failed, a bug in the measuring code)
+ERRORS = (INSTANTIATION, BUILD, BUILD_TIMEOUT, RUN, RUN_TIMEOUT, WRONG_ANSWER, UNKNOWN)
+
+KERNEL = "kernel"  # the symbol every candidate library exports
+WORKER = Path(__file__).with_name("measure_worker.py")
+DEFAULT_L3 = 32 << 20  # the flush buffer is twice the L3, and this is assumed when sysfs does not say
+
+
+@dataclass(frozen=True)
+class MeasureInput:
+    task: Task
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: str | None  # the shared library, None when the build failed
+    error: str | None
+    message: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    costs: tuple[float, ...]  # seconds per kernel call, one mean per repeat
+    error: str | None
+    message: str
+    build_seconds: float
+    run_seconds: float
+    timestamp: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.costs)
+
+    @property
+    def mean_cost(self) -> float:
+        return sum(self.costs) / len(self.costs) if self.ok else math.inf
+
+
+class Builder(Protocol):
+    def build(self, inputs: list[MeasureInput]) -> list[BuildResult]:
+        """One result per input, in order; failures are results, not exceptions."""
+        ...
+
+
+class Runner(Protocol):
+    def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
+        """One result per input; a failed build passes its error through."""
+        ...
+
+
+def measure(inputs: list[MeasureInput], builder: Builder, runner: Runner) -> list[MeasureResult]:
+    """Build and run `inputs`; the built libraries are deleted afterwards."""
+    builds = builder.build(inputs)
+    try:
+        return runner.run(inputs, builds)
+    finally:
+        for b in builds:
+            if b.path:
+                Path(b.path).unlink(missing_ok=True)
+
+
+def to_record(inp: MeasureInput, res: MeasureResult, target: Target) -> TuningRecord:
+    return TuningRecord(
+        workload_key=inp.task.key,
+        target=target_name(target),
+        host=target.fingerprint(),
+        steps=tuple(_tuples(s.record()) for s in inp.steps),  # tuples, as TuningRecord.from_json reads them
+        costs=tuple(res.costs),
+        error=res.error,
+        error_message=res.message,
+        timestamp=res.timestamp,
+    )
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+# ---------------------------------------------------------------------------------------------- builder
+
+
+def _build_one(dag: ComputeDAG, steps: tuple[Step, ...], path: str) -> tuple[str | None, str]:
+    try:
+        state = apply_steps(dag, steps)
+    except IllegalStep as e:
+        return INSTANTIATION, str(e)
+    try:
+        emit_shared_library([lower(state, KERNEL)], path)
+    except TilefarmError as e:
+        return BUILD, f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - a compiler bug fails this candidate, not the tuning run
+        return BUILD, f"{type(e).__name__}: {e}\n{''.join(traceback.format_tb(e.__traceback__)[-3:])}"
+    return None, ""
+
+
+def _serve_builds(conn: Connection) -> None:
+    """A builder worker: build jobs (dag, steps, path) until it receives None."""
+    while (job := conn.recv()) is not None:
+        conn.send(_build_one(*job))
+
+
+class _BuildWorker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_builds, args=(child,), daemon=True, name="tilefarm-build")
+        self.proc.start()
+        child.close()
+        self.job: tuple[int, float, str] | None = None  # (input index, start time, library path)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(1.0)
+        if self.proc.is_alive():
+            self.kill()
+
+
+class LocalBuilder:
+    """Builds candidates in parallel in worker processes; a context manager (close() removes the libraries)."""
+
+    def __init__(self, n_parallel: int | None = None, timeout: float = 15.0, workdir: str | Path | None = None):
+        self.n_parallel = n_parallel or Target.host().cores
+        self.timeout = timeout
+        self._own_dir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="tilefarm-build-") if workdir is None else workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._own_dir:
+            weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)  # if close() is never called
+        # forkserver, not fork: the parent may hold llvmlite state and threads. Workers fork from a server that
+        # has imported the compiler once, so starting (or replacing a killed) worker costs milliseconds.
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload([__name__])
+        self._workers: list[_BuildWorker] = []
+        self._count = 0
+
+    def build(self, inputs: list[MeasureInput]) -> list[BuildResult]:
+        results: list[BuildResult | None] = [None] * len(inputs)
+        pending = list(reversed(range(len(inputs))))
+        for k, w in enumerate(self._workers):
+            if w.job is not None or not w.proc.is_alive():  # a job left by an interrupted call, or killed by the OS
+                self._replace(k)
+        while len(self._workers) < min(self.n_parallel, len(inputs)):
+            self._workers.append(_BuildWorker(self._ctx))
+        while pending or any(w.job for w in self._workers):
+            for k, w in enumerate(self._workers):
+                if w.job is None and pending:
+                    self._dispatch(k, pending.pop(), inputs)
+            busy = [w for w in self._workers if w.job]
+            deadline = min(w.job[1] for w in busy) + self.timeout
+            multiprocessing.connection.wait([w.conn for w in busy], max(0.0, deadline - time.perf_counter()))
+            for k, w in enumerate(self._workers):
+                if w.job is not None and (done := self._collect(k)) is not None:
+                    results[done[0]] = done[1]
+        return results  # type: ignore[return-value]
+
+    def _dispatch(self, k: int, i: int, inputs: list[MeasureInput]) -> None:
+        self._count += 1
+        path = str(self.workdir / f"c{self._count}.so")
+        job = (inputs[i].task.dag, tuple(inputs[i].steps), path)
+        try:
+            self._workers[k].conn.send(job)
+        except OSError:  # it died since the last job: a fresh one takes this job
+            self._replace(k).conn.send(job)
+        self._workers[k].job = (i, time.perf_counter(), path)
+
+    def _collect(self, k: int) -> tuple[int, BuildResult] | None:
+        """(input index, result) if worker k's job is over; a worker that died or ran out of time is replaced."""
+        w = self._workers[k]
+        i, start, path = w.job
+        seconds = time.perf_counter() - start
+        if w.conn.poll():
+            try:
+                error, message = w.conn.recv()
+                w.job = None
+                return i, BuildResult(None if error else path, error, message, seconds)
+            except (EOFError, OSError):  # LLVM or the linker crashed the process
+                w.proc.join()
+                why = f"the build process died ({_exit_reason(w.proc.exitcode)})"
+                result = BuildResult(None, BUILD, why, seconds)
+        elif seconds >= self.timeout:
+            result = BuildResult(None, BUILD_TIMEOUT, f"the build took over {self.timeout:g} s", seconds)
+        else:
+            return None
+        self._replace(k)
+        return i, result
+
+    def _replace(self, k: int) -> _BuildWorker:
+        self._workers[k].kill()
+        self._workers[k] = _BuildWorker(self._ctx)
+        return self._workers[k]
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.stop()
+        self._workers = []
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalBuilder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------- runner
+
+
+def random_inputs(dag: ComputeDAG, seed: int = 0) -> list[np.ndarray]:
+    """Seeded inputs for checking candidates: floats standard normal; integers small and nonzero (an integer
+    division by an input cannot trap; Gather clamps indices); bools fair coin flips."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name in dag.inputs:
+        op = dag.op(name)
+        dt = dtypes.numpy(op.dtype)
+        if dtypes.is_float(op.dtype):
+            a = rng.standard_normal(op.shape)
+        elif op.dtype == "bool":
+            a = rng.random(op.shape) < 0.5
+        elif dtypes.is_signed(op.dtype):
+            a = rng.integers(1, 5, op.shape) * rng.choice([-1, 1], op.shape)
+        else:
+            a = rng.integers(1, 9, op.shape)
+        out.append(np.ascontiguousarray(a, dtype=dt))
+    return out
+
+
+class LocalRunner:
+    """Checks and times one candidate at a time in a sandbox process; a context manager.
+
+    Timing (TVM's time_evaluator): one warm-up call (the correctness check's), then `repeat` repeats, each the
+    mean of `number` calls, `number` grown (x1.618 at least) until a repeat takes `min_repeat_ms`. With
+    `cache_flush`, number is 1, min_repeat_ms 0, and a buffer twice the L3 is overwritten before every call.
+    `threads` None runs parallel loops on every core. `timeout` bounds one candidate's whole measurement.
+
+    Correctness: outputs must match the default schedule's on seeded random inputs. Floats pass where
+    |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|: two correct float32 summation orders of n terms differ
+    by about sqrt(n) * 1.2e-7 relative to the terms, so rtol = 1e-3 leaves a wide margin for reductions of up to
+    ~10^7 terms (and a few-ulp vector math library), while an indexing bug gives errors of the size of the values
+    themselves; atol is scaled by the output's largest magnitude because cancellation makes relative error
+    meaningless for results near zero. NaN must appear exactly where the reference has NaN. Integers and bools
+    must be equal. Outputs are filled with NaN (integers: 0xA5 bytes) first, so an element never written fails.
+    """
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        number: int = 3,
+        repeat: int = 3,
+        min_repeat_ms: float = 100,
+        cache_flush: bool = False,
+        threads: int | None = None,
+        check: bool = True,
+        rtol: float = 1e-3,
+        atol: float = 1e-3,
+        seed: int = 0,
+    ):
+        self.timeout, self.repeat, self.cache_flush = timeout, repeat, cache_flush
+        self.number, self.min_repeat_ms = (1, 0) if cache_flush else (number, min_repeat_ms)
+        self.threads, self.check, self.rtol, self.atol, self.seed = threads, check, rtol, atol, seed
+        self.flush_bytes = 2 * (Target.host().l3_bytes or DEFAULT_L3) if cache_flush else 0
+        self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
+        self._proc: subprocess.Popen | None = None
+        self._busy = False  # a request was sent and its reply not read
+        self._tasks: dict[str, str | None] = {}  # workload key -> why its reference failed (None: ready)
+        weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)  # if close() is never called
+
+    def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
+        return [self._run_one(inp, b) for inp, b in zip(inputs, builds)]
+
+    def _run_one(self, inp: MeasureInput, build: BuildResult) -> MeasureResult:
+        if build.error or not build.path:
+            return MeasureResult((), build.error or UNKNOWN, build.message, build.seconds, 0.0)
+        try:
+            failed = self._prepare(inp.task)
+        except Exception as e:  # noqa: BLE001 - e.g. the default schedule does not compile: fail, keep tuning
+            failed = self._tasks[inp.task.key] = f"cannot make the reference outputs: {type(e).__name__}: {e}"
+        if failed:
+            return MeasureResult((), UNKNOWN, failed, build.seconds, 0.0)
+        t0 = time.perf_counter()
+        reply, error, message = self._request(
+            {
+                "op": "measure",
+                "lib": build.path,
+                "check": self.check,
+                "rtol": self.rtol,
+                "atol": self.atol,
+                "number": self.number,
+                "repeat": self.repeat,
+                "min_repeat_ms": self.min_repeat_ms,
+                "flush_bytes": self.flush_bytes,
+                **self._task_fields(inp.task),
+            }
+        )
+        seconds = time.perf_counter() - t0
+        if reply is not None and reply["ok"]:
+            return MeasureResult(tuple(reply["costs"]), None, "", build.seconds, seconds)
+        if reply is not None:
+            error, message = reply["error"], reply["message"]
+        return MeasureResult((), error, message, build.seconds, seconds)
+
+    def _task_fields(self, task: Task) -> dict:
+        outputs = [(o, task.dag.op(o).shape, task.dag.op(o).dtype) for o in task.dag.outputs]
+        return {"data": str(self._dir / task.key), "outputs": outputs, "threads": self.threads or 0}
+
+    def _prepare(self, task: Task) -> str | None:
+        """Once per task: save seeded inputs and the default schedule's outputs; returns why that failed."""
+        if task.key not in self._tasks:
+            data = self._dir / task.key
+            data.mkdir(exist_ok=True)
+            for i, a in enumerate(random_inputs(task.dag, self.seed)):
+                np.save(data / f"in{i}.npy", a)
+            lib = emit_shared_library([lower(default_schedule(task.dag), KERNEL)], data / "reference.so")
+            reply, error, message = self._request({"op": "reference", "lib": str(lib), **self._task_fields(task)})
+            if reply is not None and not reply["ok"]:
+                error, message = reply["error"], reply["message"]
+            self._tasks[task.key] = f"the reference (default schedule) failed: {error}: {message}" if error else None
+        return self._tasks[task.key]
+
+    def _request(self, msg: dict) -> tuple[dict | None, str | None, str]:
+        """Send one request to the sandbox; (reply, None, "") or (None, error code, message) when it died or hung."""
+        if self._proc is None or self._proc.poll() is not None or self._busy:
+            self._start()  # a fresh sandbox also drops the reply to a request an exception interrupted
+        try:
+            self._busy = True
+            self._send.send(msg)
+            if not self._recv.poll(self.timeout):
+                self._stop(kill=True)
+                return None, RUN_TIMEOUT, f"no answer within {self.timeout:g} s; the sandbox was killed"
+            reply = self._recv.recv()
+            self._busy = False
+            return reply, None, ""
+        except (EOFError, OSError):  # it closed the pipe: it died (or is dying; _stop waits a moment, then kills)
+            proc = self._proc
+            self._stop()
+            log = self._log_path.read_text(errors="replace").strip()[-2000:]
+            why = f"the kernel crashed the sandbox ({_exit_reason(proc.returncode)})"
+            return None, RUN, f"{why}:\n{log}" if log else why
+
+    def _start(self) -> None:
+        self._stop(kill=True)
+        child_in, parent_out = os.pipe()
+        parent_in, child_out = os.pipe()
+        env = dict(os.environ)
+        # what compiler.runtime and codegen set: sleeping idle OpenMP workers, short spin (a shared host's cores)
+        env.setdefault("OMP_WAIT_POLICY", "passive")
+        env.setdefault("GOMP_SPINCOUNT", "10000")
+        self._log_path = self._dir / "sandbox.log"  # its stderr: what an abort or a sanitizer printed
+        with self._log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, str(WORKER), str(child_in), str(child_out)],
+                pass_fds=(child_in, child_out),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches the tuner, which stops the sandbox
+            )
+        os.close(child_in)
+        os.close(child_out)
+        self._send = Connection(parent_out, readable=False)
+        self._recv = Connection(parent_in, writable=False)
+
+    def _stop(self, kill: bool = False) -> None:
+        if self._proc is None:
+            return
+        if kill:
+            self._proc.kill()
+        self._send.close()  # the sandbox exits when its request pipe closes
+        self._recv.close()
+        try:
+            self._proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc, self._busy = None, False
+
+    def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,199 @@
+"""The measurement sandbox: a child process that loads one candidate kernel at a time, checks it and times it.
+
+`compiler.measure.LocalRunner` starts it as `python measure_worker.py FD_IN FD_OUT` and talks to it with pickled
+dicts over two pipes. It imports only numpy and ctypes (never llvmlite or the compiler), so it starts fast and a
+kernel that segfaults, aborts or hangs takes down only this process; the parent sees the pipe close (or no answer
+in time), kills it if needed, and starts a fresh one for the next candidate.
+
+Requests, each answered by one reply:
+  {"op": "reference", "lib", "data", "outputs", "threads"}: run the trusted kernel once on the task's inputs
+      (data/in{i}.npy) and save its outputs as data/ref{i}.npy.  Reply {"ok": True}.
+  {"op": "measure", "lib", "data", "outputs", "threads", "check", "rtol", "atol", "number", "repeat",
+   "min_repeat_ms", "flush_bytes"}: reply {"ok": True, "costs": [seconds per call, one per repeat], "number": n}
+      or {"ok": False, "error": "wrong_answer" | "run" | "unknown", "message": str}.
+`outputs` lists (name, shape, dtype) of the kernel's output parameters, which follow its inputs.
+"""
+
+from __future__ import annotations
+
+import _ctypes
+import ctypes
+import ctypes.util
+import math
+import os
+import sys
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+GOLDEN = 1.618  # `number` grows at least this much per retry, as in TVM's time_evaluator
+OVERSHOOT = 3.0  # a timed batch stops after this many times min_repeat_ms, however many calls it planned
+GARBAGE_BYTE = 0xA5  # fills integer and bool outputs before the check; float outputs get NaN
+MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task to task, so a few are enough
+
+
+class _Task:
+    """A task's inputs, reference outputs and output buffers, loaded once from the runner's data folder."""
+
+    def __init__(self, data: str, outputs: list):
+        n_in = 0
+        while os.path.exists(os.path.join(data, f"in{n_in}.npy")):
+            n_in += 1
+        self.inputs = [np.load(os.path.join(data, f"in{i}.npy")) for i in range(n_in)]
+        self.names = [name for name, _, _ in outputs]
+        self.outputs = [np.empty(shape, dtype) for _, shape, dtype in outputs]
+        self.refs: list[np.ndarray] | None = None
+        self.data = data
+
+    def load_refs(self) -> list[np.ndarray]:
+        if self.refs is None:
+            self.refs = [np.load(os.path.join(self.data, f"ref{i}.npy")) for i in range(len(self.outputs))]
+        return self.refs
+
+    def pointers(self) -> list[int]:
+        return [a.ctypes.data for a in self.inputs + self.outputs]
+
+
+_tasks: dict[str, _Task] = {}
+
+
+def _task(data: str, outputs: list) -> _Task:
+    if data not in _tasks:
+        if len(_tasks) >= MAX_CACHED_TASKS:
+            del _tasks[next(iter(_tasks))]
+        _tasks[data] = _Task(data, outputs)
+    return _tasks[data]
+
+
+def _fill_garbage(outs: list[np.ndarray]) -> None:
+    for o in outs:
+        if o.dtype.kind == "f":
+            o.fill(np.nan)
+        else:
+            o.view(np.uint8).fill(GARBAGE_BYTE)
+
+
+class _Kernel:
+    """The `kernel` symbol of a candidate library, called on raw pointers; unloaded on close."""
+
+    def __init__(self, path: str, nargs: int, threads: int):
+        self.lib = ctypes.CDLL(path)
+        try:
+            self.fn = self.lib.kernel
+            ctypes.c_int32.in_dll(self.lib, "tilefarm_num_threads").value = threads
+        except (AttributeError, ValueError) as e:
+            self.close()
+            raise OSError(f"{path} is not a tilefarm kernel library: {e}") from None
+        self.fn.restype, self.fn.argtypes = None, [ctypes.c_void_p] * nargs
+
+    def close(self) -> None:
+        # thousands of candidates pass through one process: unload each (libgomp itself stays loaded)
+        _ctypes.dlclose(self.lib._handle)
+
+
+def _mismatch(task: _Task, rtol: float, atol: float) -> str | None:
+    """Why the outputs differ from the reference, or None. Floats: |out - ref| <= atol * max(1, max|ref|) +
+    rtol * |ref| elementwise, NaN only where the reference has NaN; integers and bools: exactly equal."""
+    for name, o, r in zip(task.names, task.outputs, task.load_refs()):
+        if o.dtype.kind == "f":
+            finite = np.abs(r[np.isfinite(r)])
+            scale = max(1.0, float(finite.max())) if finite.size else 1.0
+            bad = ~np.isclose(o, r, rtol=rtol, atol=atol * scale, equal_nan=True)
+        else:
+            bad = o.view(np.uint8) != r.view(np.uint8) if o.dtype == np.bool_ else o != r
+        if bad.any():
+            err = np.where(bad, np.abs(o.astype(np.float64) - r.astype(np.float64)), 0.0)
+            err = np.where(np.isnan(err), np.inf, err)  # a NaN where a number belongs is the worst error
+            at = np.unravel_index(int(np.argmax(err)), o.shape)
+            got, want = o[at].item(), r[at].item()
+            return (
+                f"output {name}: {int(bad.sum())} of {o.size} elements differ from the reference; the largest error "
+                f"is {float(err[at]):.4g} at {tuple(int(i) for i in at)}: got {got!r}, expected {want!r}"
+            )
+    return None
+
+
+def _time(fn, ptrs: list[int], number: int, flush: np.ndarray | None, limit: float) -> tuple[float, int]:
+    """(seconds, calls) for `number` calls, stopping early once they have taken `limit` seconds; with `flush`, the
+    buffer is overwritten (outside the timing) before each call."""
+    total, calls = 0.0, 0
+    while calls < number and total < limit:
+        if flush is not None:
+            flush += 1
+        t0 = time.perf_counter()
+        fn(*ptrs)
+        total += time.perf_counter() - t0
+        calls += 1
+    return total, calls
+
+
+def measure(req: dict) -> dict:
+    task = _task(req["data"], req["outputs"])
+    ptrs = task.pointers()
+    try:
+        k = _Kernel(req["lib"], len(ptrs), req["threads"])
+    except OSError as e:
+        return {"ok": False, "error": "run", "message": f"cannot load the kernel: {e}"}
+    try:
+        # the check call doubles as the warm-up call
+        _fill_garbage(task.outputs)
+        k.fn(*ptrs)
+        if req["check"]:
+            why = _mismatch(task, req["rtol"], req["atol"])
+            if why:
+                return {"ok": False, "error": "wrong_answer", "message": why}
+        flush = np.zeros(req["flush_bytes"] // 8, np.int64) if req["flush_bytes"] else None
+        number, min_s, costs = req["number"], req["min_repeat_ms"] / 1000, []
+        # A kernel's time can jump 100x between calls (a parallel loop whose second thread must wait for a core
+        # another process holds), so a batch sized from a fast estimate could run for minutes: a batch stops once
+        # it has run OVERSHOOT x min_repeat_ms, and the calls it made become `number`.
+        limit = OVERSHOOT * min_s if min_s > 0 else math.inf
+        for _ in range(req["repeat"]):
+            seconds, calls = _time(k.fn, ptrs, number, flush, limit)
+            while seconds < min_s:
+                # aim straight at min_repeat_ms from this estimate, but grow by at least the golden ratio
+                per_call = seconds / calls
+                want = math.ceil(min_s / per_call) + 1 if per_call > 0 else number * 10
+                number = max(want, math.ceil(number * GOLDEN))
+                seconds, calls = _time(k.fn, ptrs, number, flush, limit)
+            number = calls
+            costs.append(seconds / calls)
+        return {"ok": True, "costs": costs, "number": number}
+    finally:
+        k.close()
+
+
+def reference(req: dict) -> dict:
+    task = _task(req["data"], req["outputs"])
+    k = _Kernel(req["lib"], len(task.inputs) + len(task.outputs), req["threads"])
+    try:
+        _fill_garbage(task.outputs)
+        k.fn(*task.pointers())
+    finally:
+        k.close()
+    for i, o in enumerate(task.outputs):
+        np.save(os.path.join(req["data"], f"ref{i}.npy"), o)
+    return {"ok": True}
+
+
+def main(fd_in: int, fd_out: int) -> None:
+    # Held for the life of the process: a kernel library is unloaded after each candidate, and if it held the
+    # only reference to libgomp, its idle worker threads would be left running unmapped code.
+    ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
+    requests, replies = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+    ops = {"measure": measure, "reference": reference}
+    while True:
+        try:
+            req = requests.recv()
+        except EOFError:  # the runner closed the pipe or died
+            return
+        try:
+            reply = ops[req["op"]](req)
+        except Exception as e:  # noqa: BLE001 - anything the sandbox itself hits goes back as a message
+            reply = {"ok": False, "error": "unknown", "message": f"{type(e).__name__}: {e}"}
+        replies.send(reply)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))

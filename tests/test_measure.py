@@ -1,0 +1,224 @@
+"""Measurement: correct schedules get timed; every kind of bad candidate gets its error code and the next
+candidate in the same builder or runner still measures."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+
+from compiler import ops, te
+from compiler.dag import ComputeDAG
+from compiler.default_schedule import default_schedule
+from compiler.hand_schedules import gemm
+from compiler.measure import (
+    BUILD,
+    BUILD_TIMEOUT,
+    INSTANTIATION,
+    RUN,
+    RUN_TIMEOUT,
+    WRONG_ANSWER,
+    BuildResult,
+    LocalBuilder,
+    LocalRunner,
+    MeasureInput,
+    MeasureResult,
+    measure,
+    to_record,
+)
+from compiler.records import JSONLinesDatabase
+from compiler.state import Split, apply_steps, step_from_record
+from compiler.target import Target
+from compiler.tasks import Task
+
+N = 64
+
+
+def matmul_task(n: int = N) -> Task:
+    A = te.placeholder((n, n), name="A")
+    B = te.placeholder((n, n), name="B")
+    dag = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
+    return Task(dag.workload_key, dag, f"matmul{n}")
+
+
+TASK = matmul_task()
+
+
+@pytest.fixture(scope="module")
+def builder():
+    with LocalBuilder(n_parallel=2) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with LocalRunner(timeout=2.0, number=2, repeat=2, min_repeat_ms=5, threads=1) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def good(builder) -> BuildResult:
+    """A correct library kept for the whole module (measure() would delete it)."""
+    (b,) = builder.build([MeasureInput(TASK, gemm(TASK.dag).steps)])
+    assert b.error is None, b.message
+    return b
+
+
+def run_one(runner: LocalRunner, path: str) -> MeasureResult:
+    (res,) = runner.run([MeasureInput(TASK, ())], [BuildResult(path, None, "", 0.0)])
+    return res
+
+
+def test_correct_schedules_are_timed(builder, runner):
+    inputs = [MeasureInput(TASK, gemm(TASK.dag).steps), MeasureInput(TASK, default_schedule(TASK.dag).steps)]
+    results = measure(inputs, builder, runner)
+    for r in results:
+        assert r.ok and r.error is None, r.message
+        assert len(r.costs) == 2 and all(0 < c < 0.01 for c in r.costs)
+        assert r.mean_cost == sum(r.costs) / 2
+        assert r.build_seconds > 0 and r.run_seconds > 0
+    assert not list(builder.workdir.iterdir())  # measure() removed the libraries it built
+
+
+def test_illegal_steps_are_instantiation_errors(builder, runner):
+    steps = (*gemm(TASK.dag).steps[:2], Split(99, 0, (4,), True))
+    (r,) = measure([MeasureInput(TASK, steps)], builder, runner)
+    assert r.error == INSTANTIATION and not r.ok and r.mean_cost == float("inf")
+    assert "step 2" in r.message and r.costs == ()
+
+
+C_MATMUL = """
+int tilefarm_num_threads = 0;
+void kernel(const float* a, const float* b, float* c) {
+    BEFORE
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            float s = 0;
+            for (int k = 0; k < N; k++) s += a[i * N + k] * b[k * N + j];
+            if (i * N + j < LIMIT) c[i * N + j] = s * SCALE;
+        }
+}
+"""
+
+
+def c_library(tmp_path, name: str, before: str = "", limit: int = N * N, scale: str = "1.0f") -> str:
+    """A kernel library written in C with the candidates' ABI: `kernel(A, B, C)` and `tilefarm_num_threads`."""
+    src = tmp_path / f"{name}.c"
+    src.write_text(C_MATMUL.replace("BEFORE", before).replace("LIMIT", str(limit)).replace("SCALE", scale))
+    lib = tmp_path / f"{name}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-DN={N}", "-o", str(lib), str(src)], check=True)
+    return str(lib)
+
+
+BAD_KERNELS = {
+    "segfault": ({"before": "*(volatile int*)0 = 0;"}, RUN, "SIGSEGV"),
+    "abort": ({"before": "__builtin_abort();"}, RUN, "SIGABRT"),
+    "illegal_instruction": ({"before": "__builtin_trap();"}, RUN, "SIGILL"),
+    "hang": ({"before": 'for (;;) { __asm__ volatile(""); }'}, RUN_TIMEOUT, "no answer within 2 s"),
+    "wrong_values": ({"scale": "1.01f"}, WRONG_ANSWER, "largest error"),
+    "unwritten_element": ({"limit": N * N - 1}, WRONG_ANSWER, f"output C: 1 of {N * N} elements differ"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_KERNELS)
+def test_bad_kernels_fail_and_the_runner_recovers(tmp_path, runner, good, kind):
+    kwargs, code, says = BAD_KERNELS[kind]
+    t0 = time.perf_counter()
+    r = run_one(runner, c_library(tmp_path, kind, **kwargs))
+    assert r.error == code and says in r.message, r.message
+    assert time.perf_counter() - t0 < runner.timeout + 1.5
+    after = run_one(runner, good.path)
+    assert after.ok, after.message
+
+
+def test_a_correct_c_kernel_passes_the_check(tmp_path, runner):
+    # another summation order than the default schedule's, and plain C: the check is not bit-exact
+    r = run_one(runner, c_library(tmp_path, "correct"))
+    assert r.ok, r.message
+
+
+def test_unloadable_libraries_are_run_errors(tmp_path, runner, good):
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not an ELF file")
+    nosym = tmp_path / "nosym.c"
+    nosym.write_text("int tilefarm_num_threads = 0; void other(void) {}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "nosym.so"), str(nosym)], check=True)
+    for path in (junk, tmp_path / "nosym.so", tmp_path / "missing.so"):
+        r = run_one(runner, str(path))
+        assert r.error == RUN and "cannot load" in r.message, r.message
+    assert run_one(runner, good.path).ok
+
+
+def test_build_timeout_kills_the_build_and_the_builder_goes_on(builder):
+    big = matmul_task(256)
+    inp = MeasureInput(big, gemm(big.dag).steps)
+    old = builder.timeout
+    builder.timeout = 0.02  # lowering and LLVM take ~100 ms: this build cannot finish in time
+    try:
+        t0 = time.perf_counter()
+        (b,) = builder.build([inp])
+        assert b.error == BUILD_TIMEOUT and b.path is None and "0.02 s" in b.message
+        assert time.perf_counter() - t0 < 1.0
+    finally:
+        builder.timeout = old
+    builds = builder.build([inp, inp, MeasureInput(big, (Split(7, 0, (2,), True),))])
+    assert [b.error for b in builds] == [None, None, INSTANTIATION]
+    assert builds[0].path != builds[1].path
+
+
+def test_a_build_process_that_dies_is_a_build_error_and_is_replaced(builder):
+    big = matmul_task(256)
+    inp = MeasureInput(big, gemm(big.dag).steps)
+    builder.build([inp])  # both workers exist and are idle
+    victims = [w.proc for w in builder._workers]
+    killer = threading.Timer(0.03, lambda: [p.kill() for p in victims])  # mid-build: a 256^3 build takes ~100 ms
+    killer.start()
+    (b,) = builder.build([inp])
+    killer.join()
+    assert b.error == BUILD and "SIGKILL" in b.message, b.message
+    (b,) = builder.build([inp])
+    assert b.error is None, b.message
+
+
+def test_integer_outputs_are_checked_exactly(builder, runner):
+    A = te.placeholder((8, 128), "int32", name="A")
+    B = te.placeholder((8, 128), "int32", name="B")
+    dag = ComputeDAG([A, B, te.compute((8, 128), lambda i, j: A[i, j] * B[i, j] + A[i, j], name="D")])
+    task = Task(dag.workload_key, dag, "int_fma")
+    (r,) = measure([MeasureInput(task, default_schedule(dag).steps)], builder, runner)
+    assert r.ok, r.message
+
+
+def test_number_grows_until_a_repeat_lasts_min_repeat_ms(good):
+    with LocalRunner(number=1, repeat=2, min_repeat_ms=50, threads=1) as r:
+        res = run_one(r, good.path)
+    assert res.ok, res.message
+    # one call takes microseconds; only many calls per repeat can fill 2 x 50 ms
+    assert res.run_seconds >= 0.1
+    assert all(c < 0.005 for c in res.costs)
+
+
+def test_cache_flush_times_single_calls(good):
+    with LocalRunner(repeat=3, cache_flush=True, threads=1) as r:
+        assert (r.number, r.min_repeat_ms) == (1, 0)
+        assert r.flush_bytes >= 2 * (Target.host().l3_bytes or 0)
+        res = run_one(r, good.path)
+    assert res.ok and len(res.costs) == 3, res.message
+
+
+def test_records_round_trip_and_replay(tmp_path):
+    target = Target.host()
+    steps = gemm(TASK.dag).steps
+    ok = MeasureResult((1e-5, 2e-5), None, "", 0.1, 0.2)
+    bad = MeasureResult((), WRONG_ANSWER, "output 0 differs", 0.1, 0.2)
+    records = [to_record(MeasureInput(TASK, steps), ok, target), to_record(MeasureInput(TASK, steps[:3]), bad, target)]
+    db = JSONLinesDatabase(tmp_path / "records.jsonl")
+    assert db.import_records(records) == 2
+    again = JSONLinesDatabase(tmp_path / "records.jsonl")
+    assert list(again) == records
+    (best,) = again.best(TASK.key, records[0].target, target.fingerprint())
+    assert best == records[0] and best.mean_cost == pytest.approx(1.5e-5)
+    assert apply_steps(TASK.dag, [step_from_record(s) for s in best.steps]).steps == steps
+    assert records[1].error == WRONG_ANSWER and not records[1].ok
