@@ -131,38 +131,11 @@ class ComputeDAG:
 
     def is_strictly_inlinable(self, name: str) -> bool:
         """Elementwise in its own axis order, no reduction, no branch, no expensive intrinsic (Ansor's predicate)."""
-        op = self.op(name)
-        if op.body is None or op.reduce_axes or self.is_output(name):
-            return False
-        axis_names = [a.name for a in op.axes]
-        for node in te.walk(op.body):
-            if isinstance(node, te.Select) or (isinstance(node, te.Unary) and node.op in EXPENSIVE):
-                return False
-            if isinstance(node, te.Binary) and node.op == "pow":
-                return False
-            if isinstance(node, Load):
-                used = [i.name for i in node.indices if isinstance(i, Var)]
-                if any(not isinstance(i, (Var, te.Const)) for i in node.indices):
-                    return False
-                if len(set(used)) != len(used) or used != [a for a in axis_names if a in used]:
-                    return False
-        return True
+        return not self.is_output(name) and strictly_inlinable(self.op(name))
 
     def needs_multi_level_tiling(self, name: str) -> bool:
         """Data reuse: some inputs' indices miss an output axis (two inputs, or one with a reduction)."""
-        op = self.op(name)
-        if op.body is None:
-            return False
-        missing = 0
-        for r in op.reads:
-            used: set[str] = set()
-            for ld in te.loads(op.body):
-                if ld.buffer == r:
-                    for i in ld.indices:
-                        used |= te.free_vars(i)
-            if any(a.extent > 1 and a.name not in used for a in op.axes):
-                missing += 1
-        return missing >= 2 or (missing >= 1 and bool(op.reduce_axes))
+        return needs_multi_level_tiling(self.op(name))
 
     def elementwise_match(self, producer: str, consumer: str) -> bool:
         """`consumer` reads `producer` at exactly its own index and has the same shape."""
@@ -170,6 +143,42 @@ class ComputeDAG:
         if c.body is None or p.shape != c.shape:
             return False
         return all(at_own_index(ld, c.axes) for ld in te.loads(c.body) if ld.buffer == producer)
+
+
+def strictly_inlinable(op: Op) -> bool:
+    """Elementwise in its own axis order, no reduction, no branch, no expensive intrinsic (Ansor's predicate; the
+    caller excludes outputs)."""
+    if op.body is None or op.reduce_axes:
+        return False
+    axis_names = [a.name for a in op.axes]
+    for node in te.walk(op.body):
+        if isinstance(node, te.Select) or (isinstance(node, te.Unary) and node.op in EXPENSIVE):
+            return False
+        if isinstance(node, te.Binary) and node.op == "pow":
+            return False
+        if isinstance(node, Load):
+            used = [i.name for i in node.indices if isinstance(i, Var)]
+            if any(not isinstance(i, (Var, te.Const)) for i in node.indices):
+                return False
+            if len(set(used)) != len(used) or used != [a for a in axis_names if a in used]:
+                return False
+    return True
+
+
+def needs_multi_level_tiling(op: Op) -> bool:
+    """Data reuse: some inputs' indices miss an output axis (two inputs, or one with a reduction)."""
+    if op.body is None:
+        return False
+    missing = 0
+    for r in op.reads:
+        used: set[str] = set()
+        for ld in te.loads(op.body):
+            if ld.buffer == r:
+                for i in ld.indices:
+                    used |= te.free_vars(i)
+        if any(a.extent > 1 and a.name not in used for a in op.axes):
+            missing += 1
+    return missing >= 2 or (missing >= 1 and bool(op.reduce_axes))
 
 
 def at_own_index(ld: Load, axes: tuple[Var, ...]) -> bool:

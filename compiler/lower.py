@@ -207,7 +207,7 @@ class _Lowering:
             if s.op.body is not None and s.compute_at != "inline":
                 self.infer(s)
 
-    def run(self, name: str) -> Func:
+    def run(self, name: str, simplify: bool = True) -> Func:
         dag = self.state.dag
         self.infer_all()
         roots = [s for s in self.state.stages if s.op.body is not None and s.compute_at == "root"]
@@ -216,12 +216,13 @@ class _Lowering:
             if not dag.is_output(s.name):
                 body = Allocate(self.buffer(s.name), body)
         params = tuple(Buffer(n, dag.op(n).dtype, dag.op(n).shape) for n in dag.inputs + dag.outputs)
-        return Func(name, params, _simplify_stmt(body, self.ranges))
+        return Func(name, params, _simplify_stmt(body, self.ranges) if simplify else body)
 
 
-def lower(state: State, name: str = "kernel") -> Func:
-    """Loop IR for a scheduled State; params are the DAG's inputs then outputs."""
-    return _Lowering(state).run(name)
+def lower(state: State, name: str = "kernel", simplify: bool = True) -> Func:
+    """Loop IR for a scheduled State; params are the DAG's inputs then outputs. `simplify=False` skips the final
+    simplification of indices and guards (what code generation wants, but not what program features need)."""
+    return _Lowering(state).run(name, simplify)
 
 
 def infer_bound(state: State) -> State:

@@ -34,6 +34,7 @@ class TuningRecord:
     error_message: str = ""
     timestamp: float = field(default_factory=time.time)
     version: str = VERSION
+    trace: dict | None = None  # how the search made it ({"sketch": i, "decisions": …}), to evolve from on resume
 
     @property
     def ok(self) -> bool:
@@ -65,6 +66,7 @@ class TuningRecord:
                 d.get("error_message", ""),
                 float(d.get("timestamp", 0.0)),
                 d.get("version", ""),
+                d.get("trace"),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise RecordError(f"not a tuning record: {e}: {line[:120]!r}") from None

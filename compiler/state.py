@@ -350,6 +350,30 @@ class Split(Step):
 
 
 @dataclass(frozen=True)
+class FollowSplit(Step):
+    """Split an iterator the way an earlier Split step split another stage's (Ansor's FSP): the first
+    `n_split - 1` inner lengths of step `src_step_id`, then the product of the rest. A consumer follows its
+    producer's tiles this way, and mutating the producer's tile sizes moves both."""
+
+    stage_id: int
+    iter_id: int
+    src_step_id: int
+    n_split: int
+    tag = "FSP"
+
+    def lengths(self, state: State) -> tuple[int, ...]:
+        if not 0 <= self.src_step_id < len(state.steps) or not isinstance(state.steps[self.src_step_id], Split):
+            raise self.fail(f"step {self.src_step_id} is not an earlier Split step")
+        src = state.steps[self.src_step_id].lengths
+        if not 1 <= self.n_split <= len(src):
+            raise self.fail(f"n_split must be in [1, {len(src)}], got {self.n_split}")
+        return (*src[: self.n_split - 1], math.prod(src[self.n_split - 1 :]))
+
+    def apply(self, state):
+        return Split(self.stage_id, self.iter_id, self.lengths(state)).apply(state)
+
+
+@dataclass(frozen=True)
 class Fuse(Step):
     """Fuse consecutive iterators into one."""
 
@@ -617,6 +641,7 @@ STEPS: dict[str, type[Step]] = {
     cls.tag: cls
     for cls in (
         Split,
+        FollowSplit,
         Fuse,
         Reorder,
         Annotate,

@@ -22,6 +22,7 @@ from compiler.state import (
     ComputeAt,
     ComputeInline,
     ComputeRoot,
+    FollowSplit,
     Fuse,
     Pragma,
     Reorder,
@@ -223,6 +224,7 @@ def test_golden_softmax_rfactor():
 
 ONE_OF_EACH = [
     Split(2, 0, (2, 4), False),
+    FollowSplit(2, 1, 0, 2),
     Fuse(2, (0, 1)),
     Reorder(2, (1, 0)),
     Annotate(2, 0, "unroll"),
@@ -398,3 +400,20 @@ def test_failed_step_leaves_the_input_state_untouched():
     with pytest.raises(IllegalStep):
         apply_steps(dag, [Fuse(2, (0, 1)), Annotate(2, 2, "parallel")], state)
     assert print_state(state) == before and len(state.steps) == 1
+
+
+def test_follow_split_takes_the_source_split_lengths():
+    A, B = te.placeholder((128, 64), "float32", "A"), te.placeholder((64, 32), "float32", "B")
+    s = initial_state(ComputeDAG([ops.matmul(A, B)]))
+    C = s.dag.outputs[0]
+    s = s.cache_write(C).split(f"{C}.local", "i", [4, 2, 8])
+    follow = FollowSplit(s.stage_id(C), 0, len(s.steps) - 1, 2)
+    t = s.do(follow)
+    assert [it.extent for it in t.stage(C).iters[:3]] == [2, 4, 16]
+    # mutating the source split moves the follower on replay
+    steps = list(t.steps)
+    steps[-2] = Split(steps[-2].stage_id, 0, (2, 2, 8))
+    u = apply_steps(t.dag, steps)
+    assert [it.extent for it in u.stage(C).iters[:3]] == [4, 2, 16]
+    with pytest.raises(IllegalStep, match="not an earlier Split"):
+        t.do(FollowSplit(t.stage_id(C), 0, 0, 1))

@@ -1,0 +1,272 @@
+"""Random annotation (Ansor §4.2): a sketch plus sampled *decisions* is a complete program.
+
+Decisions are what the sketch leaves open: tile sizes (a perfect factorization of each tiled extent, innermost
+≤ 64), the compute location of stages the sketch did not place, how many outer loops are fused into a `parallel`
+loop, how many inner loops into a `vectorize` loop, and each reduction's `auto_unroll_max_step`. `materialize`
+turns (sketch, decisions) into the step list deterministically, so mutation edits decisions and the program
+follows (MetaSchedule's trace-and-decisions form of Ansor's state mutation).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from compiler.errors import TilefarmError
+from compiler.sketch import Sketch
+from compiler.state import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pragma, State, apply_steps
+
+MAX_INNERMOST_FACTOR = 64  # Ansor's max_innermost_split_factor
+MAX_VECTORIZE = 64  # MetaSchedule's LLVM max vectorize extent (Ansor: 16); 64 fp32 = 4 AVX-512 registers
+UNROLL_STEPS = (0, 16, 64, 512)  # Ansor's CPU auto_unroll_max_step candidates
+PARALLEL_JOBS_PER_CORE = 16
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Everything random about a program of a given sketch; hashable and JSON-able."""
+
+    tiles: tuple[tuple[int, ...], ...]  # per sketch tile step: its inner lengths, outermost first
+    locations: tuple[tuple[str, str], ...] = ()  # (stage, "root" | "inline" | "target/iter")
+    parallel: tuple[tuple[str, int], ...] = ()  # (stage, outer loops fused into the parallel loop)
+    vectorize: tuple[tuple[str, int], ...] = ()  # (stage, inner loops fused into the vector loop)
+    unroll: tuple[tuple[str, int], ...] = ()  # (stage, auto_unroll_max_step)
+
+    def to_json(self) -> dict:
+        return {k: [list(x) for x in getattr(self, k)] for k in self.__dataclass_fields__}
+
+    @staticmethod
+    def from_json(d: dict) -> Decisions:
+        return Decisions(
+            tiles=tuple(tuple(int(v) for v in t) for t in d["tiles"]),
+            **{k: tuple((str(a), b) for a, b in d.get(k, ())) for k in _PER_STAGE},
+        )
+
+
+_PER_STAGE = ("locations", "parallel", "vectorize", "unroll")
+
+
+class InvalidProgram(TilefarmError):
+    """A (sketch, decisions) pair that does not give a legal program."""
+
+
+# ---------------------------------------------------------------------------------------------- materialize
+
+
+def materialize(sketch: Sketch, d: Decisions) -> State:
+    """The program: the sketch's steps with the decided tile sizes, then locations, parallel, unroll, vectorize."""
+    steps = list(sketch.state.steps)
+    for idx, lengths in zip(sketch.tile_steps, d.tiles):
+        steps[idx] = replace(steps[idx], lengths=lengths)
+    try:
+        s = apply_steps(sketch.state.dag, steps)
+        for name, loc in d.locations:
+            s = _locate(s, name, loc)
+        for name, n in d.parallel:
+            s = _parallel(s, name, n)
+        for name, step in d.unroll:
+            if step and s.stage(name).compute_at != "inline":
+                s = s.do(Pragma(s.stage_id(name), 0, "auto_unroll_max_step", step))
+        for name, n in d.vectorize:
+            s = _vectorize(s, name, n)
+    except TilefarmError as e:
+        raise InvalidProgram(str(e)) from None
+    return s
+
+
+def _locate(s: State, name: str, loc: str) -> State:
+    sid = s.stage_id(name)
+    if loc == "root":
+        return s if s.stage(sid).compute_at == "root" else s.do(ComputeRoot(sid))
+    if loc == "inline":
+        return s.do(ComputeInline(sid))
+    target, it = loc.split("/", 1)
+    return s.do(ComputeAt(sid, s.stage_id(target), s.stage(target).iter_index(it)))
+
+
+def _parallel(s: State, name: str, n: int) -> State:
+    stage = s.stage(name)
+    if n <= 0 or stage.compute_at != "root":
+        return s
+    n = min(n, _parallel_limit(s, name))
+    if n == 0:
+        return s
+    sid = s.stage_id(name)
+    if n > 1:
+        s = s.do(Fuse(sid, tuple(range(n))))
+    return s.do(Annotate(sid, 0, "parallel"))
+
+
+def _parallel_limit(s: State, name: str) -> int:
+    """How many outer loops may join the parallel loop: spatial, unannotated, up to the first one with stages
+    computed inside it."""
+    stage = s.stage(name)
+    n = 0
+    for it in stage.iters:
+        if it.kind != "spatial" or it.annotation != "none":
+            break
+        n += 1
+        if s.attached_at(name, it.name):
+            break
+    return n
+
+
+def _vectorize(s: State, name: str, n: int) -> State:
+    stage = s.stage(name)
+    if n <= 0 or stage.compute_at == "inline":
+        return s
+    n = min(n, _vector_limit(s, name))
+    if n == 0:
+        return s
+    sid = s.stage_id(name)
+    last = len(stage.iters) - 1
+    if n > 1:
+        s = s.do(Fuse(sid, tuple(range(last - n + 1, last + 1))))
+    return s.do(Annotate(sid, len(s.stage(sid).iters) - 1, "vectorize"))
+
+
+def _vector_limit(s: State, name: str) -> int:
+    """How many inner loops may fuse into the vector loop: spatial, unannotated, no stage computed inside, product
+    at most MAX_VECTORIZE."""
+    stage = s.stage(name)
+    n, prod = 0, 1
+    for it in reversed(stage.iters):
+        if it.kind != "spatial" or it.annotation != "none" or prod * it.extent > MAX_VECTORIZE:
+            break
+        if s.attached_at(name, it.name):
+            break
+        n, prod = n + 1, prod * it.extent
+    if n and stage.iters[-1].extent == 1:
+        return 0
+    return n
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@functools.lru_cache(maxsize=4096)
+def factorizations(extent: int, parts: int, max_innermost: int = MAX_INNERMOST_FACTOR) -> tuple[tuple[int, ...], ...]:
+    """Every way to write `extent` as an ordered product of `parts` factors, the last ≤ max_innermost."""
+    if parts == 1:
+        return ((extent,),) if extent <= max_innermost else ()
+    out = []
+    for d in _divisors(extent):
+        for rest in factorizations(extent // d, parts - 1, max_innermost):
+            out.append((d, *rest))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator) -> tuple[int, ...]:
+    """Uniformly random perfect factorization; returns the inner lengths (the outer part is implied)."""
+    options = factorizations(extent, n_lengths + 1)
+    if not options:  # a prime extent above the innermost limit: keep it outermost
+        return (1,) * n_lengths
+    return options[rng.integers(len(options))][1:]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What annotation may choose per stage of one sketch (computed once per sketch)."""
+
+    locations: tuple[tuple[str, tuple[str, ...]], ...]  # stage -> candidate locations
+    reductions: tuple[str, ...]  # stages that get an auto_unroll_max_step
+
+
+@functools.lru_cache(maxsize=1024)
+def space(sketch: Sketch) -> Space:
+    s = sketch.state
+    locs = []
+    for st in s.stages:
+        if st.op.is_placeholder or st.name in sketch.fixed or s.dag.is_output(st.name) or st.compute_at != "root":
+            continue
+        options = ["root"]
+        if not st.op.reduce_axes:
+            options.append("inline")
+        consumers = s.consumers(st.name)
+        if len(consumers) == 1:
+            c = s.stage(consumers[0])
+            for it in c.iters:
+                if it.kind != "spatial":
+                    break
+                options.append(f"{c.name}/{it.name}")
+        locs.append((st.name, tuple(options)))
+    reductions = tuple(st.name for st in s.stages if st.op.reduce_axes and st.compute_at != "inline")
+    return Space(tuple(locs), reductions)
+
+
+def sample(sketch: Sketch, rng: np.random.Generator, cores: int) -> Decisions:
+    """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization."""
+    tiles = tuple(
+        sample_tile(extent, len(sketch.state.steps[idx].lengths), rng)
+        for idx, extent in zip(sketch.tile_steps, sketch.tile_extents)
+    )
+    sp = space(sketch)
+    locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)
+    d = Decisions(tiles, locations)
+    s = materialize(sketch, d)
+    parallel = []
+    for st in s.stages:
+        if st.op.is_placeholder or st.compute_at != "root":
+            continue
+        parallel.append((st.name, default_parallel(s, st.name, cores)))
+    s_par = materialize(sketch, replace(d, parallel=tuple(parallel)))
+    unroll = tuple((name, int(UNROLL_STEPS[rng.integers(len(UNROLL_STEPS))])) for name in sp.reductions)
+    vectorize = []
+    for st in s_par.stages:
+        if st.op.is_placeholder or st.compute_at == "inline":
+            continue
+        limit = _vector_limit(s_par, st.name)
+        if limit:
+            vectorize.append((st.name, int(rng.integers(1, limit + 1))))
+    return Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
+
+
+def default_parallel(s: State, name: str, cores: int) -> int:
+    """Ansor's InitParallel: fuse outer spatial loops until there are more than 16 jobs per core or an attach
+    point is reached."""
+    stage = s.stage(name)
+    limit = _parallel_limit(s, name)
+    n, prod = 0, 1
+    for it in stage.iters[:limit]:
+        n, prod = n + 1, prod * it.extent
+        if prod > PARALLEL_JOBS_PER_CORE * cores:
+            break
+    return n if prod > 1 else 0
+
+
+def decisions_key(sketch_index: int, d: Decisions) -> str:
+    return json.dumps([sketch_index, d.to_json()], separators=(",", ":"))
+
+
+def program_key(state: State) -> str:
+    """The identity of a program: its step list (what a record stores)."""
+    return json.dumps([st.record() for st in state.steps], separators=(",", ":"))
+
+
+def tile_product_ok(extent: int, lengths: tuple[int, ...]) -> bool:
+    return extent % math.prod(lengths) == 0 and lengths[-1] <= MAX_INNERMOST_FACTOR
+
+
+__all__ = [
+    "Decisions",
+    "InvalidProgram",
+    "materialize",
+    "sample",
+    "sample_tile",
+    "factorizations",
+    "space",
+    "default_parallel",
+    "program_key",
+    "UNROLL_STEPS",
+    "MAX_INNERMOST_FACTOR",
+    "MAX_VECTORIZE",
+]

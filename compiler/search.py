@@ -1,0 +1,252 @@
+"""Evolutionary search for one task (Ansor §4.2, `SketchPolicy`): sample an initial population from the task's
+sketches, evolve it under the cost model's scores, and pick the next batch to measure (best predicted plus a few
+random ones, ε-greedy), never one measured before.
+
+Every random choice draws from the policy's seeded generator, so a search replays exactly given the same
+measurements.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler import features
+from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample
+from compiler.cost_model import CostModel
+from compiler.dag import ComputeDAG
+from compiler.mutate import mutate
+from compiler.sketch import Sketch, generate_sketches
+from compiler.state import State
+from compiler.target import Target
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Ansor's SketchPolicy defaults, except the population: 512 as in MetaSchedule (Ansor: 2048), because every
+    candidate is lowered and featurized in Python here (see bench/tuning.py for the measured search share)."""
+
+    population: int = 512
+    num_iters: int = 4
+    mutation_prob: float = 0.85
+    eps_greedy: float = 0.05
+    init_measured_ratio: float = 0.2
+    init_min_population: int = 50
+    max_fail_rounds: int = 5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A complete program: which sketch, which decisions, the resulting State and its identity."""
+
+    sketch_index: int
+    decisions: Decisions | None  # None for programs not made by this search (the default schedule, old records)
+    state: State
+    key: str
+
+    @property
+    def trace(self) -> dict | None:
+        if self.decisions is None:
+            return None
+        return {"sketch": self.sketch_index, "decisions": self.decisions.to_json()}
+
+
+@dataclass
+class SearchStats:
+    """Where the search's time went, and how many candidates the cost model scored."""
+
+    scored: int = 0
+    featurized: int = 0
+    seconds: float = 0.0
+    feature_seconds: float = 0.0
+    model_seconds: float = 0.0
+    invalid: int = 0
+
+
+@dataclass
+class SearchPolicy:
+    dag: ComputeDAG
+    model: CostModel
+    target: Target = field(default_factory=Target.host)
+    params: SearchParams = field(default_factory=SearchParams)
+    seed: int = 0
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+        self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
+        self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
+        self.measured_candidates: list[tuple[float, Candidate]] = []
+        self.stats = SearchStats()
+        self._features: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------------------------------ candidates
+
+    def candidate(self, sketch_index: int, d: Decisions) -> Candidate:
+        state = materialize(self.sketches[sketch_index], d)
+        return Candidate(sketch_index, d, state, program_key(state))
+
+    def from_trace(self, trace: dict) -> Candidate | None:
+        """A candidate from a record's trace, or None if it no longer replays (another tilefarm version)."""
+        try:
+            i = int(trace["sketch"])
+            if not 0 <= i < len(self.sketches):
+                return None
+            return self.candidate(i, Decisions.from_json(trace["decisions"]))
+        except (InvalidProgram, KeyError, TypeError, ValueError, IndexError):
+            return None
+
+    def sample_initial(self, n: int) -> list[Candidate]:
+        """Random programs from random sketches until `n` distinct valid ones (or the attempts run out)."""
+        out: dict[str, Candidate] = {}
+        fails = 0
+        while len(out) < n and fails < self.params.max_fail_rounds:
+            before = len(out)
+            for _ in range(n - len(out)):
+                i = int(self.rng.integers(len(self.sketches)))
+                try:
+                    c = self.candidate(i, sample(self.sketches[i], self.rng, self.target.cores))
+                except InvalidProgram:
+                    self.stats.invalid += 1
+                    continue
+                out.setdefault(c.key, c)
+            fails = fails + 1 if len(out) == before else 0
+        return list(out.values())
+
+    # ------------------------------------------------------------------------------------------ scoring
+
+    def featurize(self, cands: list[Candidate]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        xs = []
+        for c in cands:
+            x = self._features.get(c.key)
+            if x is None:
+                x = features.extract(c.state)
+                self._features[c.key] = x
+                self.stats.featurized += 1
+            xs.append(x)
+        self.stats.feature_seconds += time.perf_counter() - t0
+        return xs
+
+    def score(self, cands: list[Candidate]) -> np.ndarray:
+        xs = self.featurize(cands)
+        t0 = time.perf_counter()
+        scores = np.asarray(self.model.predict(xs), dtype=np.float64)
+        self.stats.model_seconds += time.perf_counter() - t0
+        self.stats.scored += len(cands)
+        return scores
+
+    # ------------------------------------------------------------------------------------------ search
+
+    def next_batch(self, n: int) -> list[Candidate]:
+        """Ansor's SearchOneRound: evolutionary search under the cost model, then ε-greedy picking of `n`
+        programs not measured before."""
+        t0 = time.perf_counter()
+        p = self.params
+        init = self.sample_initial(max(p.init_min_population, p.population - self._n_seeds()))
+        pool = [c for c in init if c.key not in self.measured]
+        n_random = min(int(p.eps_greedy * n), len(pool))
+        random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
+        population = init + self._seeds()
+        best = self._evolve(population, 2 * n)
+        picked: dict[str, Candidate] = {}
+        for c in best:
+            if len(picked) >= n - n_random:
+                break
+            picked.setdefault(c.key, c)
+        for c in random_pool:
+            if len(picked) >= n:
+                break
+            picked.setdefault(c.key, c)
+        if len(picked) < n:  # the evolution found too few new programs: top up with random ones
+            for c in self.sample_initial(2 * n):
+                if len(picked) >= n:
+                    break
+                if c.key not in self.measured:
+                    picked.setdefault(c.key, c)
+        self.stats.seconds += time.perf_counter() - t0
+        return list(picked.values())
+
+    def _n_seeds(self) -> int:
+        return min(int(self.params.init_measured_ratio * self.params.population), len(self._traced_measured()))
+
+    def _traced_measured(self) -> list[tuple[float, Candidate]]:
+        return [(cost, c) for cost, c in self.measured_candidates if c.decisions is not None and np.isfinite(cost)]
+
+    def _seeds(self) -> list[Candidate]:
+        """The fastest measured programs, to evolve from."""
+        ranked = sorted(self._traced_measured(), key=lambda t: t[0])
+        return [c for _, c in ranked[: self._n_seeds()]]
+
+    def _evolve(self, population: list[Candidate], keep: int) -> list[Candidate]:
+        """Genetic iterations: score, keep the best unmeasured programs seen, select parents by score, mutate."""
+        p = self.params
+        heap: list[tuple[float, int, Candidate]] = []
+        in_heap: set[str] = set()
+        counter = 0
+        for it in range(p.num_iters + 1):
+            if not population:
+                break
+            scores = self.score(population)
+            for c, sc in zip(population, scores):
+                if c.key in self.measured or c.key in in_heap or not np.isfinite(sc):
+                    continue
+                counter += 1
+                item = (float(sc), counter, c)
+                if len(heap) < keep:
+                    heapq.heappush(heap, item)
+                    in_heap.add(c.key)
+                elif sc > heap[0][0]:
+                    in_heap.discard(heapq.heappushpop(heap, item)[2].key)
+                    in_heap.add(c.key)
+            if it == p.num_iters:
+                break
+            population = self._next_generation(population, scores)
+        return [c for _, _, c in sorted(heap, key=lambda t: (-t[0], t[1]))]
+
+    def _next_generation(self, population: list[Candidate], scores: np.ndarray) -> list[Candidate]:
+        p = self.params
+        finite = np.where(np.isfinite(scores), scores, np.nan)
+        if np.all(np.isnan(finite)):
+            return []
+        lo = np.nanmin(finite)
+        weights = np.nan_to_num(finite - lo, nan=0.0) + 1e-9
+        probs = weights / weights.sum()
+        out: list[Candidate] = []
+        attempts = 0
+        while len(out) < p.population and attempts < 3 * p.population:
+            attempts += 1
+            parent = population[int(self.rng.choice(len(population), p=probs))]
+            if parent.decisions is None or self.rng.random() >= p.mutation_prob:
+                out.append(parent)
+                continue
+            sketch = self.sketches[parent.sketch_index]
+            d = mutate(sketch, parent.decisions, parent.state, self.rng)
+            if d is None:
+                continue
+            try:
+                out.append(self.candidate(parent.sketch_index, d))
+            except InvalidProgram:
+                self.stats.invalid += 1
+        return out
+
+    # ------------------------------------------------------------------------------------------ results
+
+    def record(self, cands: list[Candidate], costs: list[float]) -> None:
+        for c, cost in zip(cands, costs):
+            if c.key in self.measured:
+                continue
+            self.measured[c.key] = cost
+            self.measured_candidates.append((cost, c))
+
+    def features_of(self, c: Candidate) -> np.ndarray:
+        return self.featurize([c])[0]
+
+    @property
+    def best_cost(self) -> float:
+        return min(self.measured.values(), default=float("inf"))
+
+
+__all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats"]

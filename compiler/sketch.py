@@ -1,0 +1,341 @@
+"""Sketch generation (Ansor §4.1): the high-level structures of a task's programs, before any tile size is chosen.
+
+Derivation starts at the output stage and walks to the inputs. At each stage the rules are tried in Ansor's CPU
+order; a rule that matches either *applies* (its successor joins the worklist and later rules are tried too) or
+*applies and skips the rest*. A partial sketch whose stage index runs out is a sketch. The splits that tile a stage
+get placeholder lengths here; `annotate` fills them.
+
+Rules (CPU): always-inline → add-rfactor → add-cache-write → multi-level tiling with consumer fusion →
+multi-level tiling ("SSRSRS") → skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+
+from compiler import te
+from compiler.dag import ComputeDAG, Op, at_own_index, needs_multi_level_tiling, strictly_inlinable
+from compiler.state import FollowSplit, Fuse, Rfactor, Split, State, Step, initial_state
+from compiler.target import Target
+
+TILE_STRUCTURE = "SSRSRS"  # Ansor's CPU multi-level tiling: space and reduction tile levels, outermost first
+MAX_SKETCHES = 64
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """A program structure: `state` holds its steps with placeholder split lengths; the Split steps at
+    `tile_steps` (indices into state.steps) are the tile sizes to fill, splitting extents `tile_extents`."""
+
+    state: State
+    tile_steps: tuple[int, ...]
+    tile_extents: tuple[int, ...]
+    tiled: frozenset[str]  # stages with a multi-level tile structure: their place is part of the sketch
+    fixed: frozenset[str]  # stages the sketch placed (inlined, attached, rfactored): annotation leaves them
+    rules: tuple[str, ...]  # the rules that made it, outermost stage first, for printing and tests
+
+    def __str__(self):
+        return f"sketch [{', '.join(self.rules)}]\n{self.state}"
+
+
+@dataclass(frozen=True)
+class _Partial:
+    state: State
+    index: int
+    tile_steps: tuple[int, ...] = ()
+    tile_extents: tuple[int, ...] = ()
+    tiled: frozenset[str] = frozenset()
+    fixed: frozenset[str] = frozenset()
+    rules: tuple[str, ...] = ()
+    splits: dict = field(default_factory=dict, compare=False)  # stage -> {root axis: index of its Split step}
+
+    def do(self, step: Step) -> _Partial:
+        return replace(self, state=self.state.do(step))
+
+
+PASS, APPLY, APPLY_AND_SKIP = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=256)
+def _generate(dag: ComputeDAG, cores: int) -> tuple[Sketch, ...]:
+    init = initial_state(dag)
+    work = [_Partial(init, len(init.stages) - 1)]
+    done: list[Sketch] = []
+    while work:
+        p = work.pop()
+        if p.index < 0:
+            done.append(Sketch(p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules))
+            continue
+        stage = p.state.stages[p.index]
+        if stage.op.is_placeholder:
+            work.append(replace(p, index=p.index - 1))
+            continue
+        successors: list[_Partial] = []
+        for rule in RULES:
+            verdict = rule.condition(p, cores)
+            if verdict == PASS:
+                continue
+            successors.extend(rule.apply(p, cores))
+            if verdict == APPLY_AND_SKIP:
+                break
+        work.extend(reversed(successors))
+        if len(work) + len(done) > MAX_SKETCHES:
+            break
+    return tuple(done)
+
+
+def generate_sketches(dag: ComputeDAG, target: Target | None = None) -> tuple[Sketch, ...]:
+    """All sketches of the task, cached per DAG and core count."""
+    return _generate(dag, (target or Target.host()).cores)
+
+
+# ---------------------------------------------------------------------------------------------- predicates
+
+
+def _op(p: _Partial) -> Op:
+    return p.state.stages[p.index].op
+
+
+def _name(p: _Partial) -> str:
+    return p.state.stages[p.index].name
+
+
+def fusible_consumer(state: State, name: str) -> str | None:
+    """The single consumer that reads `name` elementwise at its own index (looking through inlined stages), if any:
+    Ansor's HasFusibleConsumer."""
+    consumers = state.consumers(name)
+    if len(consumers) != 1:
+        return None
+    c = state.stage(consumers[0])
+    producer = state.stage(name).op
+    if c.op.shape != producer.shape or (c.op.reduce_axes and producer.reduce_axes):
+        return None
+    body = state.resolve_inlined(c.op.body)
+    loads = [ld for ld in te.loads(body) if ld.buffer == name]
+    if not loads or not all(at_own_index(ld, c.op.axes) for ld in loads):
+        return None
+    return c.name
+
+
+def needs_rfactor(op: Op, cores: int) -> bool:
+    """Little parallelism in the space loops but plenty in the reduction (Ansor's CPU NeedsRfactor)."""
+    if not op.reduce_axes:
+        return False
+    space = math.prod(op.shape)
+    reduce = math.prod(r.extent for r in op.reduce_axes)
+    if needs_multi_level_tiling(op):
+        return space < reduce and space <= 16 * cores
+    return reduce > cores
+
+
+def _has_cache_write(p: _Partial) -> bool:
+    return _name(p).endswith(".local")
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+class Rule:
+    name = ""
+
+    def condition(self, p: _Partial, cores: int) -> int:
+        raise NotImplementedError
+
+    def apply(self, p: _Partial, cores: int) -> list[_Partial]:
+        raise NotImplementedError
+
+
+class AlwaysInline(Rule):
+    name = "inline"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if p.state.dag.is_output(op.name) or op.name.endswith(".local") or not strictly_inlinable(op):
+            return PASS
+        return APPLY_AND_SKIP
+
+    def apply(self, p, cores):
+        q = replace(p, state=p.state.compute_inline(_name(p)), fixed=p.fixed | {_name(p)})
+        return [_advance(q, self.name)]
+
+
+class AddRfactor(Rule):
+    """Fuse the reduction loops, split them (the factor is filled later), and factor out either part: the outer
+    part gives parallel partial reductions, the inner one (moved innermost) vectorized ones."""
+
+    name = "rfactor"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if _has_cache_write(p) or op.name.endswith(".rf") or not needs_rfactor(op, cores):
+            return PASS
+        return APPLY
+
+    def apply(self, p, cores):
+        name, op = _name(p), _op(p)
+        s = p.state
+        stage = s.stage(name)
+        red = [i for i, it in enumerate(stage.iters) if it.kind == "reduce"]
+        if len(red) > 1:
+            s = s.do(Fuse(s.stage_id(name), tuple(red)))
+        it_id = next(i for i, it in enumerate(s.stage(name).iters) if it.kind == "reduce")
+        extent = s.stage(name).iters[it_id].extent
+        split_index = len(s.steps)
+        s = s.do(Split(s.stage_id(name), it_id, (1,)))
+        out = []
+        for part, position in ((0, 0), (1, len(op.axes))):
+            rf = s.do(Rfactor(s.stage_id(name), it_id + part, position))
+            q = replace(
+                p,
+                state=rf,
+                tile_steps=p.tile_steps + (split_index,),
+                tile_extents=p.tile_extents + (extent,),
+                fixed=p.fixed | {name},
+                rules=p.rules + (f"{self.name}({name}, {'outer' if part == 0 else 'inner'})",),
+            )
+            out.append(replace(q, index=p.index - 1))  # the .rf stage went in at p.index: skip it and its reducer
+        return out
+
+
+class AddCacheWrite(Rule):
+    name = "cache_write"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if _has_cache_write(p) or not needs_multi_level_tiling(op) or fusible_consumer(p.state, op.name):
+            return PASS
+        return APPLY
+
+    def apply(self, p, cores):
+        name = _name(p)
+        q = replace(p, state=p.state.cache_write(name), rules=p.rules + (f"{self.name}({name})",))
+        return [q]  # the index now points at the .local stage, which the fusion rule tiles into `name`
+
+
+class MultiLevelTilingWithFusion(Rule):
+    """Tile the stage, make its elementwise consumer follow the outer tile levels, and compute the stage inside
+    the consumer at the end of space level 1 or 2 (two sketches)."""
+
+    name = "tile+fuse"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if not needs_multi_level_tiling(op) or fusible_consumer(p.state, op.name) is None:
+            return PASS
+        return APPLY_AND_SKIP if _has_cache_write(p) else APPLY
+
+    def apply(self, p, cores):
+        name = _name(p)
+        consumer = fusible_consumer(p.state, name)
+        tiled = _multi_level_tile(p, name)
+        out = []
+        for level in (1, 2):
+            q = _follow(tiled, name, consumer, level)
+            q = replace(q, fixed=q.fixed | {name, consumer}, rules=q.rules[:-1] + (f"{self.name}({name}, L{level})",))
+            out.append(_advance(q, None))
+        return out
+
+
+class MultiLevelTiling(Rule):
+    name = "tile"
+
+    def condition(self, p, cores):
+        return APPLY_AND_SKIP if needs_multi_level_tiling(_op(p)) else PASS
+
+    def apply(self, p, cores):
+        return [_advance(_multi_level_tile(p, _name(p)), None)]
+
+
+class SkipStage(Rule):
+    name = "skip"
+
+    def condition(self, p, cores):
+        return APPLY
+
+    def apply(self, p, cores):
+        return [_advance(p, None)]
+
+
+RULES: tuple[Rule, ...] = (
+    AlwaysInline(),
+    AddRfactor(),
+    AddCacheWrite(),
+    MultiLevelTilingWithFusion(),
+    MultiLevelTiling(),
+    SkipStage(),
+)
+
+
+def _advance(p: _Partial, rule: str | None) -> _Partial:
+    rules = p.rules + ((f"{rule}({_name(p)})",) if rule else ())
+    return replace(p, index=p.index - 1, rules=rules)
+
+
+def _multi_level_tile(p: _Partial, name: str) -> _Partial:
+    """Split every space axis into as many parts as TILE_STRUCTURE has S's and every reduction axis into as many as
+    it has R's, then order the parts as the structure says. Axes of extent 1 are left whole, outermost."""
+    s = p.state
+    sid = s.stage_id(name)
+    levels = {k: TILE_STRUCTURE.count(k) for k in "SR"}
+    tile_steps, tile_extents, splits = list(p.tile_steps), list(p.tile_extents), {}
+    parts: dict[str, list[str]] = {}
+    for it in s.stage(sid).iters:
+        n = levels["S" if it.kind == "spatial" else "R"]
+        if it.extent == 1:
+            parts[it.name] = [it.name]
+            continue
+        splits[it.name] = len(s.steps)
+        tile_steps.append(len(s.steps))
+        tile_extents.append(it.extent)
+        s = s.do(Split(sid, s.stage(sid).iter_index(it.name), (1,) * (n - 1)))
+        parts[it.name] = [f"{it.name}.{k}" for k in range(n)]
+    order = [n for n, ps in parts.items() if len(ps) == 1]
+    seen = {"S": 0, "R": 0}
+    kinds = {it.name: it.kind for it in p.state.stage(sid).iters}
+    for k in TILE_STRUCTURE:
+        level = seen[k]
+        seen[k] += 1
+        for axis, ps in parts.items():
+            if len(ps) > 1 and (kinds[axis] == "spatial") == (k == "S"):
+                order.append(ps[level])
+    s = s.reorder(sid, order)
+    return replace(
+        p,
+        state=s,
+        tile_steps=tuple(tile_steps),
+        tile_extents=tuple(tile_extents),
+        tiled=p.tiled | {name},
+        fixed=p.fixed | {name},
+        splits={**p.splits, name: splits},
+        rules=p.rules + (f"tile({name})",),
+    )
+
+
+def _follow(p: _Partial, producer: str, consumer: str, level: int) -> _Partial:
+    """The consumer's space axes split like the producer's first `level` tile levels (the rest as one inner
+    part), ordered level by level; the producer computed at the end of that level."""
+    s = p.state
+    cid = s.stage_id(consumer)
+    prod_axes = s.stage(producer).op.axes
+    cons_axes = s.stage(cid).op.axes
+    splits = p.splits[producer]
+    parts: list[list[str]] = []
+    for pa, ca in zip(prod_axes, cons_axes):
+        if pa.name not in splits:
+            parts.append([ca.name])
+            continue
+        s = s.do(FollowSplit(cid, s.stage(cid).iter_index(ca.name), splits[pa.name], level))
+        parts.append([f"{ca.name}.{k}" for k in range(level + 1)])
+    order = [ps[0] for ps in parts if len(ps) == 1]
+    for lv in range(level + 1):
+        order += [ps[lv] for ps in parts if len(ps) > 1]
+    s = s.reorder(cid, order)
+    attach = [ps[level - 1] for ps in parts if len(ps) > 1]
+    at = attach[-1] if attach else order[0]
+    s = s.compute_at(producer, consumer, at)
+    return replace(p, state=s)
+
+
+__all__ = ["Sketch", "generate_sketches", "fusible_consumer", "needs_rfactor", "RULES", "TILE_STRUCTURE"]

@@ -1,0 +1,303 @@
+"""The task scheduler (Ansor §6): share a trial budget across a model's tasks, measure, learn, repeat.
+
+Each round picks one task, asks its search policy for a batch of new programs, builds and runs them, commits the
+records, and retrains the (shared) cost model. After a warm-up round over every task, the task is the one whose
+improvement of the objective f = Σ weight·latency per trial is estimated largest (Ansor's gradient: a backward
+difference over the last rounds mixed with an optimistic forward guess; α = 0.2, β = 2, window 3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from compiler.annotate import program_key
+from compiler.build import target_name
+from compiler.cost_model import CostModel, XGBModel
+from compiler.default_schedule import default_schedule
+from compiler.errors import TilefarmError
+from compiler.measure import Builder, LocalBuilder, LocalRunner, MeasureInput, Runner, to_record
+from compiler.records import Database, TuningRecord
+from compiler.search import Candidate, SearchParams, SearchPolicy
+from compiler.state import apply_steps, step_from_record
+from compiler.target import Target
+from compiler.tasks import Task
+
+ALPHA, BETA, WINDOW = 0.2, 2.0, 3
+
+
+@dataclass
+class TaskProgress:
+    """One task under tuning: its policy, trials, best latency so far, and the best latency after each round."""
+
+    task: Task
+    policy: SearchPolicy
+    trials: int = 0
+    rounds: int = 0
+    best: float = math.inf
+    history: list[float] = field(default_factory=list)
+    since_improvement: int = 0
+    done: bool = False
+    why_done: str = ""
+
+    @property
+    def gflops(self) -> float:
+        return self.task.flop_count / self.best / 1e9 if math.isfinite(self.best) else 0.0
+
+
+@dataclass
+class TuneStats:
+    """Where the tuning wall time went."""
+
+    search_s: float = 0.0
+    build_s: float = 0.0
+    run_s: float = 0.0
+    train_s: float = 0.0
+    wall_s: float = 0.0
+    trials: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def shares(self) -> dict[str, float]:
+        total = max(self.wall_s, 1e-9)
+        return {k: getattr(self, f"{k}_s") / total for k in ("search", "build", "run", "train")}
+
+
+@dataclass
+class TuneOptions:
+    trials: int = 1000
+    measures_per_round: int = 64
+    time_budget: float | None = None  # seconds of wall time
+    early_stopping: int | None = None  # per task: stop after this many trials without improvement
+    strategy: str = "gradient"  # or "round-robin"
+    seed: int = 0
+    params: SearchParams = field(default_factory=SearchParams)
+
+
+class TaskScheduler:
+    def __init__(
+        self,
+        tasks: list[Task],
+        database: Database,
+        options: TuneOptions | None = None,
+        *,
+        model: CostModel | None = None,
+        builder: Builder | None = None,
+        runner: Runner | None = None,
+        target: Target | None = None,
+        callback: Callable[[TaskScheduler], None] | None = None,
+    ):
+        self.options = options or TuneOptions()
+        self.target = target or Target.host()
+        self.database = database
+        self.model = model if model is not None else XGBModel(seed=self.options.seed)
+        self._own = builder is None or runner is None
+        self.builder = builder or LocalBuilder()
+        self.runner = runner or LocalRunner(repeat=1)
+        self.callback = callback
+        self.rng = np.random.default_rng(self.options.seed)
+        self.stats = TuneStats()
+        self.progress = [
+            TaskProgress(t, SearchPolicy(t.dag, self.model, self.target, self.options.params, self.options.seed + i))
+            for i, t in enumerate(tasks)
+        ]
+        self.resumed = 0
+
+    # ------------------------------------------------------------------------------------------ resume
+
+    def resume(self) -> int:
+        """Take every record of these tasks (this target and host) from the database as measured: never measured
+        again, counted as trials, the best kept, the cost model trained on them. Returns how many were taken."""
+        by_key = {p.task.key: p for p in self.progress}
+        xs, costs, groups = [], [], []
+        target, host = target_name(self.target), self.target.fingerprint()
+        for rec in self.database:
+            p = by_key.get(rec.workload_key)
+            if p is None or rec.target != target or rec.host != host:
+                continue
+            key = json.dumps(rec.steps, separators=(",", ":"))
+            if key in p.policy.measured:
+                continue
+            cand = p.policy.from_trace(rec.trace) if rec.trace else None
+            if cand is None or cand.key != key:
+                try:
+                    state = apply_steps(p.task.dag, [step_from_record(s) for s in rec.steps])
+                except TilefarmError:
+                    continue
+                cand = Candidate(-1, None, state, key)
+            cost = rec.mean_cost
+            p.policy.record([cand], [cost])
+            p.trials += 1
+            p.best = min(p.best, cost)
+            xs.append(p.policy.features_of(cand))
+            costs.append(cost)
+            groups.append(p.task.key)
+            self.resumed += 1
+        for p in self.progress:
+            if p.trials:
+                p.rounds = max(1, math.ceil(p.trials / self.options.measures_per_round))
+                p.history = [p.best] * p.rounds
+        if xs:
+            self.model.update(xs, costs, groups)
+        return self.resumed
+
+    # ------------------------------------------------------------------------------------------ rounds
+
+    def run(self) -> list[TaskProgress]:
+        start = time.perf_counter()
+        opts = self.options
+        try:
+            # warm-up: every task not yet measured gets a round (the default schedule joins its first batch)
+            for i, p in enumerate(self.progress):
+                if p.trials == 0 and not self._out_of_budget(start):
+                    self._round(i, with_default=True)
+            while not self._out_of_budget(start):
+                live = [i for i, p in enumerate(self.progress) if not p.done]
+                if not live:
+                    break
+                if opts.strategy == "gradient":
+                    self._round(self._pick(live))
+                else:
+                    self._round(min(live, key=lambda k: self.progress[k].rounds))
+        finally:
+            self.stats.wall_s += time.perf_counter() - start
+            if self._own:
+                self.close()
+        return self.progress
+
+    def _out_of_budget(self, start: float) -> bool:
+        if self.stats.trials >= self.options.trials:
+            return True
+        return self.options.time_budget is not None and time.perf_counter() - start >= self.options.time_budget
+
+    def _pick(self, live: list[int]) -> int:
+        grads = np.array([self._gradient(i) for i in live])
+        best = np.flatnonzero(grads == grads.min())
+        return live[int(best[self.rng.integers(len(best))])]
+
+    def _gradient(self, i: int) -> float:
+        """d objective / d rounds for task i, as in Ansor's TaskScheduler (negative = the objective drops)."""
+        p = self.progress[i]
+        if not math.isfinite(p.best):
+            return 0.0
+        w = p.task.weight
+        h = p.history
+        backward = (h[-1] - h[-1 - WINDOW]) / WINDOW if len(h) > WINDOW else 0.0
+        g_next_1 = p.best - p.best / max(p.rounds, 1)
+        group_speed = [q.task.flop_count / q.best for q in self._similar(p) if math.isfinite(q.best)]
+        g_next_2 = BETA * p.task.flop_count / max(group_speed) if group_speed else math.inf
+        forward = min(g_next_1, g_next_2) - p.best
+        return w * (ALPHA * backward + (1 - ALPHA) * forward)
+
+    def _similar(self, p: TaskProgress) -> list[TaskProgress]:
+        tag = _similarity_tag(p.task)
+        return [q for q in self.progress if _similarity_tag(q.task) == tag]
+
+    def _round(self, i: int, with_default: bool = False) -> None:
+        p = self.progress[i]
+        n = min(self.options.measures_per_round, self.options.trials - self.stats.trials)
+        if n <= 0:
+            return
+        t0 = time.perf_counter()
+        cands = p.policy.next_batch(n - 1 if with_default else n)
+        if with_default:
+            state = default_schedule(p.task.dag)
+            cands = [Candidate(-1, None, state, program_key(state)), *cands]
+        self.stats.search_s += time.perf_counter() - t0
+        if not cands:
+            p.done, p.why_done = True, "search space exhausted"
+            return
+        inputs = [MeasureInput(p.task, c.state.steps) for c in cands]
+        t0 = time.perf_counter()
+        builds = self.builder.build(inputs)
+        self.stats.build_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            results = self.runner.run(inputs, builds)
+        finally:
+            for b in builds:
+                if b.path:
+                    Path(b.path).unlink(missing_ok=True)
+        self.stats.run_s += time.perf_counter() - t0
+        costs = []
+        for c, inp, res in zip(cands, inputs, results):
+            rec = replace(to_record(inp, res, self.target), trace=c.trace)
+            self.database.commit(rec)
+            costs.append(res.mean_cost)
+            if res.error:
+                self.stats.errors[res.error] = self.stats.errors.get(res.error, 0) + 1
+        p.policy.record(cands, costs)
+        before = p.best
+        p.best = min([p.best, *costs])
+        p.trials += len(cands)
+        p.rounds += 1
+        p.history.append(p.best)
+        self.stats.trials += len(cands)
+        p.since_improvement = 0 if p.best < before else p.since_improvement + len(cands)
+        if self.options.early_stopping is not None and p.since_improvement >= self.options.early_stopping:
+            p.done, p.why_done = True, f"no improvement in {p.since_improvement} trials"
+        if not math.isfinite(p.best) and p.rounds >= 1:
+            p.done, p.why_done = True, "no valid program"
+        t0 = time.perf_counter()
+        xs = p.policy.featurize(cands)
+        self.model.update(xs, costs, [p.task.key] * len(cands))
+        self.stats.train_s += time.perf_counter() - t0
+        if self.callback:
+            self.callback(self)
+
+    # ------------------------------------------------------------------------------------------ reporting
+
+    @property
+    def estimated_latency(self) -> float:
+        """Σ weight × best latency over tasks (inf while a task has no valid program)."""
+        return sum(p.task.weight * p.best for p in self.progress)
+
+    def table(self) -> str:
+        rows = [
+            f"{'ID':>3} {'task':<28} {'MFLOP':>9} {'weight':>6} {'GFLOP/s':>8} {'latency ms':>10} "
+            f"{'weighted ms':>11} {'trials':>6} {'done':>4}"
+        ]
+        for k, p in enumerate(self.progress):
+            lat = p.best * 1e3
+            rows.append(
+                f"{k:>3} {p.task.name[:28]:<28} {p.task.flop_count / 1e6:>9.2f} {p.task.weight:>6} {p.gflops:>8.2f} "
+                f"{lat:>10.4f} {lat * p.task.weight:>11.4f} {p.trials:>6} {'yes' if p.done else '':>4}"
+            )
+        est = self.estimated_latency * 1e3
+        rows.append(f"estimated end-to-end latency: {est:.3f} ms   trials: {self.stats.trials}")
+        return "\n".join(rows)
+
+    def close(self) -> None:
+        for x in (self.builder, self.runner):
+            close = getattr(x, "close", None)
+            if close:
+                close()
+
+
+def _similarity_tag(task: Task) -> tuple:
+    """Ansor groups tasks by op kind and FLOPs magnitude for the forward-gradient guess."""
+    tags = tuple(sorted({op.tag for op in task.dag.ops if op.tag}))
+    return tags, int(math.log(task.flop_count + 1, 1.618))
+
+
+def tune(
+    tasks: list[Task],
+    database: Database,
+    options: TuneOptions | None = None,
+    resume: bool = False,
+    **kwargs,
+) -> TaskScheduler:
+    """Tune `tasks`, committing every measurement to `database`; returns the finished scheduler."""
+    sched = TaskScheduler(tasks, database, options, **kwargs)
+    if resume:
+        sched.resume()
+    sched.run()
+    return sched
+
+
+__all__ = ["TaskScheduler", "TaskProgress", "TuneOptions", "TuneStats", "tune", "TuningRecord"]
