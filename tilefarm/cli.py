@@ -189,6 +189,72 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_options(args: argparse.Namespace):
+    from compiler.search import SearchParams
+    from compiler.tune import TuneOptions
+
+    if args.trials <= 0:
+        raise SystemExit("error: --trials must be positive")
+    return TuneOptions(
+        trials=args.trials,
+        measures_per_round=args.per_round,
+        time_budget=args.time_budget,
+        early_stopping=args.early_stopping,
+        seed=args.seed,
+        params=SearchParams(population=args.population),
+    )
+
+
+def _run_tuning(tasks, args: argparse.Namespace) -> int:
+    from compiler.measure import LocalBuilder, LocalRunner
+    from compiler.records import JSONLinesDatabase
+    from compiler.tune import TaskScheduler
+
+    db = JSONLinesDatabase(args.records)
+    rounds = [0]
+
+    def live(s: TaskScheduler) -> None:
+        rounds[0] += 1
+        if sys.stdout.isatty() or rounds[0] % 10 == 0:
+            print(s.table(), flush=True)
+        else:
+            print(
+                f"round {rounds[0]}: {s.stats.trials} trials, estimated latency {s.estimated_latency * 1e3:.3f} ms",
+                flush=True,
+            )
+
+    with LocalBuilder() as builder, LocalRunner(repeat=args.repeat, threads=args.threads) as runner:
+        sched = TaskScheduler(tasks, db, _tune_options(args), builder=builder, runner=runner, callback=live)
+        if args.resume:
+            print(f"resumed {sched.resume()} records from {args.records}")
+        sched.run()
+    print(sched.table())
+    st = sched.stats
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in st.shares().items())
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
+    print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}; records: {args.records}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
+    from compiler.tasks import extract_tasks
+
+    graph = _load_model(args.model, args.input_shapes)
+    tasks, calls, _ = extract_tasks(graph)
+    print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
+    return _run_tuning(tasks, args)
+
+
+def cmd_tune_kernel(args: argparse.Namespace) -> int:
+    """Tune one kernel (gemm, conv2d or a test kernel) at a given shape."""
+    from compiler.tasks import Task
+
+    inputs, output, _, _ = _kernel(args.name, [int(x) for x in args.shape.split(",")] if args.shape else [])
+    dag = ComputeDAG([*inputs, output])
+    return _run_tuning([Task(dag.workload_key, dag, args.name)], args)
+
+
 def cmd_example(args: argparse.Namespace) -> int:
     """Write a ready-made ONNX model (random weights) to try tilefarm with, no download needed."""
     from compiler import examples
@@ -226,6 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help=cmd_inspect.__doc__)
     i.add_argument("model")
     i.add_argument("--input-shapes")
+    for name, fn in (("tune", cmd_tune), ("tune-kernel", cmd_tune_kernel)):
+        t = sub.add_parser(name, help=fn.__doc__)
+        if name == "tune":
+            t.add_argument("model")
+            t.add_argument("--input-shapes")
+        else:
+            t.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
+            t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
+        t.add_argument("--trials", type=int, default=1000, help="measurement budget over all tasks")
+        t.add_argument("--time-budget", type=float, help="stop after this many seconds")
+        t.add_argument("--records", required=True, help="JSON-lines records file (appended to)")
+        t.add_argument("--resume", action="store_true", help="continue from the records file; nothing is re-measured")
+        t.add_argument("--threads", type=int, help="threads kernels run on while measured (default: all cores)")
+        t.add_argument("--per-round", type=int, default=64, help="programs measured per round")
+        t.add_argument("--population", type=int, default=512, help="evolutionary search population")
+        t.add_argument("--early-stopping", type=int, help="stop a task after this many trials without improvement")
+        t.add_argument("--repeat", type=int, default=1, help="timed repeats per program (of >= 100 ms each)")
+        t.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("example", help=cmd_example.__doc__)
     e.add_argument("name")
     e.add_argument("-o", "--output", required=True)
@@ -235,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         "compile": cmd_compile,
         "run": cmd_run,
         "inspect": cmd_inspect,
+        "tune": cmd_tune,
+        "tune-kernel": cmd_tune_kernel,
         "example": cmd_example,
     }
     try:

@@ -1,0 +1,240 @@
+"""Tuning benchmark: the auto-scheduler against numpy/OpenBLAS and onnxruntime (and optionally TVM MetaSchedule),
+measured in one run.
+
+    python -m bench.tuning [--threads 1,2] [--trials 1000] [--model-trials 3000] [--only gemm_512] [--with-tvm]
+                           [--json rows.json] [--records-dir DIR]
+
+For each kernel (GEMM 512³ and 1024³, ResNet-18's three 3×3 conv layers) and each thread count it tunes from
+scratch (records in DIR/<workload>-<threads>t.jsonl), then times the best program next to numpy and onnxruntime
+(interleaved samples, medians, as bench.kernels does) and prints trials, tuning wall time, latency and GFLOP/s, the
+share of tuning time spent in search, build, run and training, candidates scored per second, and the cost model's
+pairwise ranking accuracy on held-out measurements (trained on the first 512 of the task, tested on the rest).
+`resnet18` tunes every task of the model with the model budget and compares the compiled artifact end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.kernels import WORKLOADS, Workload, interleaved, onnx_session
+from compiler.codegen import compile_funcs
+from compiler.cost_model import XGBModel, pairwise_accuracy
+from compiler.dag import ComputeDAG
+from compiler.features import extract
+from compiler.lower import lower
+from compiler.measure import LocalBuilder, LocalRunner
+from compiler.records import JSONLinesDatabase, TuningRecord
+from compiler.state import apply_steps, step_from_record
+from compiler.tasks import Task
+from compiler.tune import TaskScheduler, TuneOptions
+
+HELD_OUT_AFTER = 512
+
+
+def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: int) -> TaskScheduler:
+    from compiler.search import SearchParams
+
+    path.unlink(missing_ok=True)
+    db = JSONLinesDatabase(path)
+    rounds, start = [0], time.perf_counter()
+
+    def progress(s: TaskScheduler) -> None:
+        rounds[0] += 1
+        if rounds[0] % 4 == 0:
+            elapsed = time.perf_counter() - start
+            print(f"    {s.stats.trials} trials, {elapsed:.0f} s, est. {s.estimated_latency * 1e3:.3f} ms", flush=True)
+
+    opts = TuneOptions(trials=trials, params=SearchParams(population=population))
+    with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
+        t0 = time.perf_counter()
+        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress)
+        sched.run()
+        sched.stats.wall_s = time.perf_counter() - t0
+    return sched
+
+
+def _report_search(sched: TaskScheduler) -> dict:
+    st = sched.stats
+    scored = sum(p.policy.stats.scored for p in sched.progress)
+    search_s = sum(p.policy.stats.seconds for p in sched.progress)
+    shares = st.shares()
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
+    print(
+        f"    tuning {st.wall_s:.0f} s: search {shares['search']:.0%}, build {shares['build']:.0%}, "
+        f"run {shares['run']:.0%}, train {shares['train']:.0%}; {scored / max(search_s, 1e-9):.0f} candidates "
+        f"scored/s; errors: {errors}"
+    )
+    return {"search_share": round(shares["search"], 3), "scored_per_s": round(scored / max(search_s, 1e-9), 1)}
+
+
+def held_out_accuracy(task: Task, records: list[TuningRecord], first: int = HELD_OUT_AFTER) -> float | None:
+    """Pairwise ranking accuracy of a model trained on the task's first `first` measurements, on the rest."""
+    recs = [r for r in records if r.workload_key == task.key]
+    if len(recs) <= first + 16:
+        return None
+    xs, costs = [], []
+    for r in recs:
+        xs.append(extract(apply_steps(task.dag, [step_from_record(s) for s in r.steps])))
+        costs.append(r.mean_cost)
+    model = XGBModel(num_warmup=0)
+    model.update(xs[:first], costs[:first], [task.key] * first)
+    test = [i for i in range(first, len(recs)) if np.isfinite(costs[i])]
+    return pairwise_accuracy(model.predict([xs[i] for i in test]), [costs[i] for i in test])
+
+
+def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
+    from threadpoolctl import threadpool_limits
+
+    dag = ComputeDAG([*w.inputs, w.output])
+    task = Task(dag.workload_key, dag, w.name)
+    path = Path(args.records_dir) / f"{w.name}-{threads}t.jsonl"
+    print(f"  {threads} thr: tuning {args.trials} trials -> {path}")
+    sched = _tune([task], args.trials, threads, path, args.population)
+    extra = _report_search(sched)
+    db = JSONLinesDatabase(path)
+    best = db.best(task.key, db_target(db), k=1)[0]
+    acc = held_out_accuracy(task, list(db))
+    if acc is not None:
+        print(f"    cost model pairwise accuracy on {len(db) - HELD_OUT_AFTER} held-out programs: {acc:.3f}")
+    kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
+    out = np.zeros(w.output.shape, np.float32)
+    os.environ["TILEFARM_NUM_THREADS"] = str(threads)
+    ort_fn = onnx_session(w, arrays, threads)
+    kernel(*arrays, out)
+    np.testing.assert_allclose(out, ort_fn(), rtol=1e-3, atol=1e-3, err_msg=f"tuned {w.name} is wrong")
+    systems = {"tilefarm-tuned": lambda: kernel(*arrays, out), "onnxruntime": ort_fn}
+    if w.name.startswith("gemm"):
+        systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
+    with threadpool_limits(limits=threads, user_api="blas"):
+        medians = interleaved(systems, args.repeat, min_ms=30)
+    for system, sec in sorted(medians.items()):
+        tuned = system == "tilefarm-tuned"
+        row = {
+            "workload": w.name,
+            "system": system,
+            "threads": threads,
+            "trials": sched.stats.trials if tuned else None,
+            "tuning_s": round(sched.stats.wall_s, 1) if tuned else None,
+            "median_ms": round(sec * 1e3, 4),
+            "gflops": round(dag.flop_count / sec / 1e9, 2),
+        }
+        if tuned:
+            row.update(extra, pairwise_accuracy=None if acc is None else round(acc, 3))
+        rows.append(row)
+        print(f"    {system:15s} {row['median_ms']:9.3f} ms {row['gflops']:8.1f} GFLOP/s")
+    for ref in ("numpy-openblas", "onnxruntime"):
+        if ref in medians:
+            print(f"    tuned / {ref}: speed ratio {medians[ref] / medians['tilefarm-tuned']:.2f}")
+    if args.with_tvm:
+        _tvm(w.name, threads, args.trials, rows)
+
+
+def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:
+    from bench import tvm_metaschedule
+
+    why = tvm_metaschedule.available()
+    if why:
+        print(f"    tvm-metaschedule: skipped ({why})")
+        return
+    row = tvm_metaschedule.tune(workload, threads, trials)
+    rows.append(row)
+    if row.get("error"):
+        print(f"    tvm-metaschedule: failed: {row['error']}")
+    else:
+        print(
+            f"    tvm-metaschedule {row['median_ms']:9.3f} ms {row['gflops']:8.1f} GFLOP/s "
+            f"({row['trials']} trials, {row['tuning_s']:.0f} s tuning)"
+        )
+
+
+def db_target(db: JSONLinesDatabase) -> str:
+    return next(iter(db)).target
+
+
+def run_resnet18(threads: int, args, rows: list[dict]) -> None:
+    from bench.models import batch1_inputs, difference, ort_session
+    from compiler.build import build
+    from compiler.examples import EXAMPLES
+    from compiler.onnx_frontend import load
+    from compiler.runtime import Artifact
+    from compiler.tasks import extract_tasks
+
+    model = EXAMPLES["resnet18"](seed=0)
+    feeds = batch1_inputs(model)
+    graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
+    tasks, _, _ = extract_tasks(graph)
+    path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
+    print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
+    sched = _tune(tasks, args.model_trials, threads, path, args.population)
+    print("\n".join("    " + line for line in sched.table().splitlines()))
+    extra = _report_search(sched)
+    with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
+        arts = {}
+        for label, records in (("tilefarm-tuned", JSONLinesDatabase(path)), ("tilefarm-untuned", None)):
+            build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=records)
+            arts[label] = Artifact.load(Path(tmp) / f"{label}.tar")
+        os.environ["TILEFARM_NUM_THREADS"] = str(threads)
+        ort_fn = ort_session(model, threads)
+        _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
+        systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
+        systems["onnxruntime"] = lambda: ort_fn(feeds)
+        medians = interleaved(systems, args.repeat, min_ms=100)
+    for system, sec in sorted(medians.items()):
+        tuned = system == "tilefarm-tuned"
+        row = {
+            "workload": "resnet18",
+            "system": system,
+            "threads": threads,
+            "trials": sched.stats.trials if tuned else None,
+            "tuning_s": round(sched.stats.wall_s, 1) if tuned else None,
+            "median_ms": round(sec * 1e3, 4),
+            "gflops": None,
+        }
+        if tuned:
+            row.update(extra)
+        rows.append(row)
+        print(f"    {system:17s} {row['median_ms']:9.3f} ms")
+    print(
+        f"    tuned / onnxruntime: speed ratio {medians['onnxruntime'] / medians['tilefarm-tuned']:.2f} "
+        f"(max rel diff vs onnxruntime {rel:.1e})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--trials", type=int, default=1000, help="trials per kernel")
+    p.add_argument("--model-trials", type=int, default=3000, help="trials for the whole of ResNet-18")
+    p.add_argument("--population", type=int, default=512)
+    p.add_argument("--repeat", type=int, default=7, help="interleaved timing samples per system")
+    p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")
+    p.add_argument("--with-tvm", action="store_true", help="also tune with TVM MetaSchedule at the same budget")
+    p.add_argument("--records-dir", default="bench/results/records")
+    p.add_argument("--json", help="write the rows here as a JSON list")
+    args = p.parse_args(argv)
+    Path(args.records_dir).mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    rows: list[dict] = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        for w in WORKLOADS:
+            if only is None or w.name in only:
+                print(f"{w.name}:")
+                run_kernel(w, threads, args, rows)
+        if only is None or "resnet18" in only:
+            print("resnet18:")
+            run_resnet18(threads, args, rows)
+        if args.json:  # after every thread count, so a long run leaves its rows behind
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
