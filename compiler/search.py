@@ -8,7 +8,10 @@ measurements.
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import heapq
+import multiprocessing
 import time
 from dataclasses import dataclass, field
 
@@ -20,8 +23,10 @@ from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
 from compiler.mutate import mutate
 from compiler.sketch import Sketch, generate_sketches
-from compiler.state import State
+from compiler.state import State, apply_steps
 from compiler.target import Target
+
+PARALLEL_FEATURES_MIN = 32  # below this many new programs, shipping them to worker processes costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -118,17 +123,18 @@ class SearchPolicy:
     # ------------------------------------------------------------------------------------------ scoring
 
     def featurize(self, cands: list[Candidate]) -> list[np.ndarray]:
+        """Features per candidate, cached by program; a large batch is spread over a process per core."""
         t0 = time.perf_counter()
-        xs = []
-        for c in cands:
-            x = self._features.get(c.key)
-            if x is None:
-                x = features.extract(c.state)
+        todo = list({c.key: c for c in cands if c.key not in self._features}.values())
+        if len(todo) >= PARALLEL_FEATURES_MIN and self.target.cores > 1:
+            for c, x in zip(todo, _featurize_in_pool(self.dag, [c.state.steps for c in todo], self.target.cores)):
                 self._features[c.key] = x
-                self.stats.featurized += 1
-            xs.append(x)
+        else:
+            for c in todo:
+                self._features[c.key] = features.extract(c.state)
+        self.stats.featurized += len(todo)
         self.stats.feature_seconds += time.perf_counter() - t0
-        return xs
+        return [self._features[c.key] for c in cands]
 
     def score(self, cands: list[Candidate]) -> np.ndarray:
         xs = self.featurize(cands)
@@ -247,6 +253,33 @@ class SearchPolicy:
     @property
     def best_cost(self) -> float:
         return min(self.measured.values(), default=float("inf"))
+
+
+# ---------------------------------------------------------------------------------------------- feature workers
+
+_POOL: concurrent.futures.ProcessPoolExecutor | None = None
+
+
+def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> list[np.ndarray]:
+    """Lowering and featurizing is pure Python, so the search spreads it over processes (forkserver: the parent
+    has LLVM and XGBoost threads, which fork does not copy safely). Programs travel as step lists."""
+    global _POOL
+    if _POOL is None:
+        ctx = multiprocessing.get_context("forkserver")
+        _POOL = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+        atexit.register(_POOL.shutdown, cancel_futures=True)
+    chunk = -(-len(programs) // workers)
+    parts = [programs[i : i + chunk] for i in range(0, len(programs), chunk)]
+    try:
+        futures = [_POOL.submit(_featurize_chunk, dag, part) for part in parts]
+        return [x for f in futures for x in f.result()]
+    except concurrent.futures.process.BrokenProcessPool:
+        _POOL = None
+        return [features.extract(apply_steps(dag, steps)) for steps in programs]
+
+
+def _featurize_chunk(dag: ComputeDAG, programs: list[tuple]) -> list[np.ndarray]:
+    return [features.extract(apply_steps(dag, steps)) for steps in programs]
 
 
 __all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats"]
