@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from compiler.errors import TilefarmError
+from compiler.lower import infer_bound
 from compiler.sketch import Sketch
 from compiler.state import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pragma, State, apply_steps
 
@@ -119,7 +120,7 @@ def _vectorize(s: State, name: str, n: int) -> State:
     stage = s.stage(name)
     if n <= 0 or stage.compute_at == "inline":
         return s
-    n = min(n, _vector_limit(s, name))
+    n = min(n, _vector_limit(s, name, check_extent=stage.compute_at != "iter"))
     if n == 0:
         return s
     sid = s.stage_id(name)
@@ -129,13 +130,14 @@ def _vectorize(s: State, name: str, n: int) -> State:
     return s.do(Annotate(sid, len(s.stage(sid).iters) - 1, "vectorize"))
 
 
-def _vector_limit(s: State, name: str) -> int:
+def _vector_limit(s: State, name: str, check_extent: bool = True) -> int:
     """How many inner loops may fuse into the vector loop: spatial, unannotated, no stage computed inside, product
-    at most MAX_VECTORIZE."""
+    at most MAX_VECTORIZE (checked when sampling on bound-inferred extents; an attached stage's declared extents
+    are its whole tensor's, so materializing trusts the sampled decision there)."""
     stage = s.stage(name)
     n, prod = 0, 1
     for it in reversed(stage.iters):
-        if it.kind != "spatial" or it.annotation != "none" or prod * it.extent > MAX_VECTORIZE:
+        if it.kind != "spatial" or it.annotation != "none" or (check_extent and prod * it.extent > MAX_VECTORIZE):
             break
         if s.attached_at(name, it.name):
             break
@@ -189,18 +191,32 @@ def space(sketch: Sketch) -> Space:
         if st.op.is_placeholder or st.name in sketch.fixed or s.dag.is_output(st.name) or st.compute_at != "root":
             continue
         options = ["root"]
-        if not st.op.reduce_axes:
+        if not st.op.reduce_axes and not st.name.endswith(".pack"):
             options.append("inline")
         consumers = s.consumers(st.name)
         if len(consumers) == 1:
-            c = s.stage(consumers[0])
-            for it in c.iters:
-                if it.kind != "spatial":
-                    break
-                options.append(f"{c.name}/{it.name}")
+            options += _attach_points(s, consumers[0])
         locs.append((st.name, tuple(options)))
     reductions = tuple(st.name for st in s.stages if st.op.reduce_axes and st.compute_at != "inline")
     return Space(tuple(locs), reductions)
+
+
+def _attach_points(s: State, consumer: str) -> list[str]:
+    """The consumer's spatial loops outside its reduction, and, when the consumer is itself computed inside
+    another stage, that stage's loops down to the attach point (where a copy holds a whole tile's panel)."""
+    c = s.stage(consumer)
+    out = []
+    if c.compute_at == "iter":
+        target, at = c.attach
+        for it in s.stage(target).iters:
+            out.append(f"{target}/{it.name}")
+            if it.name == at:
+                break
+    for it in c.iters:
+        if it.kind != "spatial":
+            break
+        out.append(f"{c.name}/{it.name}")
+    return out
 
 
 def sample(sketch: Sketch, rng: np.random.Generator, cores: int) -> Decisions:
@@ -219,6 +235,8 @@ def sample(sketch: Sketch, rng: np.random.Generator, cores: int) -> Decisions:
             continue
         parallel.append((st.name, default_parallel(s, st.name, cores)))
     s_par = materialize(sketch, replace(d, parallel=tuple(parallel)))
+    if any(st.compute_at == "iter" for st in s_par.stages):  # declared extents overstate attached stages' loops
+        s_par = infer_bound(s_par)
     unroll = tuple((name, int(UNROLL_STEPS[rng.integers(len(UNROLL_STEPS))])) for name in sp.reductions)
     vectorize = []
     for st in s_par.stages:

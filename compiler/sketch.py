@@ -5,8 +5,8 @@ order; a rule that matches either *applies* (its successor joins the worklist an
 *applies and skips the rest*. A partial sketch whose stage index runs out is a sketch. The splits that tile a stage
 get placeholder lengths here; `annotate` fills them.
 
-Rules (CPU): always-inline → add-rfactor → add-cache-write → multi-level tiling with consumer fusion →
-multi-level tiling ("SSRSRS") → skip.
+Rules (CPU): always-inline → add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer
+fusion → multi-level tiling ("SSRSRS") → skip.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class _Partial:
     fixed: frozenset[str] = frozenset()
     rules: tuple[str, ...] = ()
     splits: dict = field(default_factory=dict, compare=False)  # stage -> {root axis: index of its Split step}
+    packed: frozenset[str] = frozenset()  # stages whose input the pack rule already copied
 
     def do(self, step: Step) -> _Partial:
         return replace(self, state=self.state.do(step))
@@ -59,7 +60,8 @@ PASS, APPLY, APPLY_AND_SKIP = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=256)
-def _generate(dag: ComputeDAG, cores: int) -> tuple[Sketch, ...]:
+def _generate(dag: ComputeDAG, cores: int, pack: bool) -> tuple[Sketch, ...]:
+    rules = [r for r in RULES if pack or not isinstance(r, AddCacheReadPack)]
     init = initial_state(dag)
     work = [_Partial(init, len(init.stages) - 1)]
     done: list[Sketch] = []
@@ -73,7 +75,7 @@ def _generate(dag: ComputeDAG, cores: int) -> tuple[Sketch, ...]:
             work.append(replace(p, index=p.index - 1))
             continue
         successors: list[_Partial] = []
-        for rule in RULES:
+        for rule in rules:
             verdict = rule.condition(p, cores)
             if verdict == PASS:
                 continue
@@ -86,9 +88,9 @@ def _generate(dag: ComputeDAG, cores: int) -> tuple[Sketch, ...]:
     return tuple(done)
 
 
-def generate_sketches(dag: ComputeDAG, target: Target | None = None) -> tuple[Sketch, ...]:
-    """All sketches of the task, cached per DAG and core count."""
-    return _generate(dag, (target or Target.host()).cores)
+def generate_sketches(dag: ComputeDAG, target: Target | None = None, pack: bool = True) -> tuple[Sketch, ...]:
+    """All sketches of the task, cached per DAG and core count; `pack=False` gives Ansor's rules alone."""
+    return _generate(dag, (target or Target.host()).cores, pack)
 
 
 # ---------------------------------------------------------------------------------------------- predicates
@@ -117,6 +119,22 @@ def fusible_consumer(state: State, name: str) -> str | None:
     if not loads or not all(at_own_index(ld, c.op.axes) for ld in loads):
         return None
     return c.name
+
+
+def packable_input(state: State, name: str) -> str | None:
+    """The input read with the stage's innermost spatial axis as its innermost index and reused across another
+    spatial axis (it misses one): what a packed panel serves. Copies are never packed again."""
+    op = state.stage(name).op
+    inner = op.axes[-1].name if op.axes else None
+    for ld in te.loads(op.body):
+        if ld.buffer.endswith(".pack") or not ld.indices:
+            continue
+        last = ld.indices[-1]
+        used = set().union(*(te.free_vars(i) for i in ld.indices))
+        if isinstance(last, te.Var) and last.name == inner and any(a.name not in used for a in op.axes):
+            if state.stage(ld.buffer).op.is_placeholder:
+                return ld.buffer
+    return None
 
 
 def needs_rfactor(op: Op, cores: int) -> bool:
@@ -152,7 +170,7 @@ class AlwaysInline(Rule):
 
     def condition(self, p, cores):
         op = _op(p)
-        if p.state.dag.is_output(op.name) or op.name.endswith(".local") or not strictly_inlinable(op):
+        if p.state.dag.is_output(op.name) or op.name.endswith((".local", ".pack")) or not strictly_inlinable(op):
             return PASS
         return APPLY_AND_SKIP
 
@@ -197,6 +215,38 @@ class AddRfactor(Rule):
             )
             out.append(replace(q, index=p.index - 1))  # the .rf stage went in at p.index: skip it and its reducer
         return out
+
+
+class AddCacheReadPack(Rule):
+    """tilefarm's addition to Ansor's CPU rules: before a stage is tiled into its consumer, optionally copy the
+    input it walks along its innermost output axis (B of C = A·B) into a `.pack` stage. Annotation then places the
+    copy at an outer tile loop, where it holds one contiguous panel of that input: the hand-written GEMM's B
+    packing, which takes row strides (4 KB for N = 1024, one L1 set) out of the inner loop. Ansor leaves this to
+    layout rewriting of constant weights, which does not reach activations."""
+
+    name = "pack"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if p.state.stages[p.index].name in p.packed or not needs_multi_level_tiling(op):
+            return PASS
+        if not (_has_cache_write(p) or fusible_consumer(p.state, op.name)):
+            return PASS
+        return APPLY if packable_input(p.state, op.name) else PASS
+
+    def apply(self, p, cores):
+        name = _name(p)
+        src = packable_input(p.state, name)
+        s = p.state.cache_read(src, "pack", [name])
+        q = replace(
+            p,
+            state=s,
+            index=p.index + 1,  # the copy stage went in before this one
+            packed=p.packed | {name},
+            fixed=p.fixed,
+            rules=p.rules + (f"{self.name}({src} for {name})",),
+        )
+        return [q]  # this stage is derived again, now reading the copy (the rules below then tile it)
 
 
 class AddCacheWrite(Rule):
@@ -261,6 +311,7 @@ class SkipStage(Rule):
 RULES: tuple[Rule, ...] = (
     AlwaysInline(),
     AddRfactor(),
+    AddCacheReadPack(),
     AddCacheWrite(),
     MultiLevelTilingWithFusion(),
     MultiLevelTiling(),
