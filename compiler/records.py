@@ -76,6 +76,17 @@ def _tuple(v):
     return tuple(_tuple(x) for x in v) if isinstance(v, list) else v
 
 
+def read_records(path: str | Path) -> Iterator[TuningRecord]:
+    """The records of a JSON-lines file, in order; a malformed line raises RecordError naming it."""
+    with Path(path).open() as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield TuningRecord.from_json(line)
+                except RecordError as e:
+                    raise RecordError(f"{path}:{n}: {e}") from None
+
+
 class Database(Protocol):
     """Where tuning records live: a file here, the team's SQL database in the service."""
 
@@ -100,13 +111,8 @@ class JSONLinesDatabase:
         self._records: list[TuningRecord] = []
         self._seen: set[tuple[str, str, str]] = set()
         if self.path.exists():
-            with self.path.open() as f:
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        try:
-                            self._add(TuningRecord.from_json(line))
-                        except RecordError as e:
-                            raise RecordError(f"{self.path}:{n}: {e}") from None
+            for r in read_records(self.path):
+                self._add(r)
 
     def _add(self, r: TuningRecord) -> bool:
         if r.identity in self._seen:
@@ -126,6 +132,20 @@ class JSONLinesDatabase:
     def import_records(self, records: Iterable[TuningRecord]) -> int:
         """Commit many; returns how many were new (importing the same file twice adds nothing)."""
         return sum(self.commit(r) for r in records)
+
+    def export(self, path: str | Path, best_only: bool = False) -> int:
+        """Write the records (or only the fastest per workload, target and host) to a JSON-lines file that
+        `import_records(read_records(path))` takes back; returns how many were written."""
+        records = list(self._records)
+        if best_only:
+            best: dict[tuple[str, str, str], TuningRecord] = {}
+            for r in records:
+                k = (r.workload_key, r.target, r.host)
+                if r.ok and (k not in best or r.mean_cost < best[k].mean_cost):
+                    best[k] = r
+            records = list(best.values())
+        Path(path).write_text("".join(r.to_json() + "\n" for r in records))
+        return len(records)
 
     def best(self, workload_key: str, target: str, host: str | None = None, k: int = 1) -> list[TuningRecord]:
         found = [

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.build import build, target_name
 from compiler.onnx_frontend import load
-from compiler.records import JSONLinesDatabase, RecordError, TuningRecord
+from compiler.records import JSONLinesDatabase, RecordError, TuningRecord, read_records
 from compiler.runtime import Artifact
 from compiler.target import Target
 from compiler.tasks import extract_tasks
@@ -89,3 +89,18 @@ def test_compile_applies_the_best_record_and_lists_it(tmp_path):
     # without records: the default schedule, and nothing listed
     info = build(graph, tmp_path / "d.tar", name="d")
     assert info.records_used == {}
+
+
+def test_export_and_import_round_trip(tmp_path):
+    db = JSONLinesDatabase(tmp_path / "a.jsonl")
+    for cost, steps in ((2e-3, (("CI", 1),)), (1e-3, (("CR", 1),)), (5e-3, (("CI", 2),))):
+        db.commit(TuningRecord("wk", "llvm", "h1", steps, (cost,)))
+    db.commit(TuningRecord("wk", "llvm", "h1", (("CI", 3),), (), error="run", error_message="SIGSEGV"))
+    assert db.export(tmp_path / "all.jsonl") == 4
+    assert db.export(tmp_path / "best.jsonl", best_only=True) == 1
+    [best] = list(read_records(tmp_path / "best.jsonl"))
+    assert best.costs == (1e-3,)
+    other = JSONLinesDatabase(tmp_path / "b.jsonl")
+    assert other.import_records(read_records(tmp_path / "all.jsonl")) == 4
+    assert other.import_records(read_records(tmp_path / "all.jsonl")) == 0  # importing twice adds nothing
+    assert [r.error for r in other] == [None, None, None, "run"]
