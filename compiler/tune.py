@@ -110,9 +110,10 @@ class TaskScheduler:
 
     # ------------------------------------------------------------------------------------------ resume
 
-    def resume(self) -> int:
+    def resume(self, train: bool = True) -> int:
         """Take every record of these tasks (this target and host) from the database as measured: never measured
-        again, counted as trials, the best kept, the cost model trained on them. Returns how many were taken."""
+        again, counted as trials, the best kept, and (with `train`; not for a cost model loaded from a file, which
+        holds them already) the cost model trained on them. Returns how many were taken."""
         by_key = {p.task.key: p for p in self.progress}
         xs, costs, groups = [], [], []
         target, host = target_name(self.target), self.target.fingerprint()
@@ -134,9 +135,10 @@ class TaskScheduler:
             p.policy.record([cand], [cost])
             p.trials += 1
             p.best = min(p.best, cost)
-            xs.append(p.policy.features_of(cand))
-            costs.append(cost)
-            groups.append(p.task.key)
+            if train:
+                xs.append(p.policy.features_of(cand))
+                costs.append(cost)
+                groups.append(p.task.key)
             self.resumed += 1
         for p in self.progress:
             if p.trials:

@@ -223,17 +223,38 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
                 flush=True,
             )
 
+    model = _cost_model(args)
     with LocalBuilder() as builder, LocalRunner(repeat=args.repeat, threads=args.threads) as runner:
-        sched = TaskScheduler(tasks, db, _tune_options(args), builder=builder, runner=runner, callback=live)
+        sched = TaskScheduler(
+            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live
+        )
         if args.resume:
-            print(f"resumed {sched.resume()} records from {args.records}")
+            loaded = bool(args.model_file) and Path(args.model_file).exists()
+            print(f"resumed {sched.resume(train=not loaded)} records from {args.records}")
         sched.run()
     print(sched.table())
     st = sched.stats
     shares = ", ".join(f"{k} {v:.0%}" for k, v in st.shares().items())
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
     print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}; records: {args.records}")
+    if args.model_file and hasattr(model, "save"):
+        model.save(args.model_file)
+        print(f"cost model saved to {args.model_file}")
     return 0
+
+
+def _cost_model(args: argparse.Namespace):
+    from compiler.cost_model import RandomModel, XGBModel
+    from compiler.records import RecordError
+
+    if args.cost_model == "random":
+        return RandomModel(args.seed)
+    if args.model_file and Path(args.model_file).exists():
+        try:
+            return XGBModel.load(args.model_file)
+        except (OSError, ValueError, KeyError) as e:
+            raise RecordError(f"cannot load the cost model {args.model_file}: {e}") from None
+    return XGBModel(seed=args.seed)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -310,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         t.add_argument("--early-stopping", type=int, help="stop a task after this many trials without improvement")
         t.add_argument("--repeat", type=int, default=1, help="timed repeats per program (of >= 100 ms each)")
         t.add_argument("--seed", type=int, default=0)
+        t.add_argument("--cost-model", choices=["xgb", "random"], default="xgb", help="random: ablation baseline")
+        t.add_argument("--model-file", help="load the XGBoost cost model from here if it exists; save it after")
     e = sub.add_parser("example", help=cmd_example.__doc__)
     e.add_argument("name")
     e.add_argument("-o", "--output", required=True)
