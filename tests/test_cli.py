@@ -93,3 +93,30 @@ def test_compile_errors_are_messages(tmp_path, capsys):
     bad.write_bytes(b"not a model")
     assert main(["compile", str(bad), "-o", str(tmp_path / "m.tar")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_tune_a_model_then_compile_with_its_records(tmp_path, capsys):
+    model, records = tmp_path / "m.onnx", tmp_path / "r.jsonl"
+    assert main(["example", "tiny_cnn", "-o", str(model)]) == 0
+    tune = ["tune", str(model), "--records", str(records), "--per-round", "2", "--population", "16", "--threads", "1"]
+    assert main([*tune, "--trials", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "estimated end-to-end latency" in out and "6 trials in" in out
+    lines = records.read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(line)["costs"] or json.loads(line)["error"] for line in lines)
+    # --resume: nothing measured twice, the budget counts new trials
+    assert main([*tune, "--trials", "2", "--resume"]) == 0
+    assert "resumed 6 records" in capsys.readouterr().out
+    programs = [
+        json.dumps([(r := json.loads(line))["workload_key"], r["steps"]]) for line in records.read_text().splitlines()
+    ]
+    assert len(programs) == 8 == len(set(programs))
+    assert main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--records", str(records)]) == 0
+    assert "from records" in capsys.readouterr().out
+
+
+def test_tune_kernel_rejects_a_bad_budget(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="--trials must be positive"):
+        main(["tune-kernel", "gemm", "--shape", "32,32,32", "--trials", "0", "--records", str(tmp_path / "r")])
