@@ -62,8 +62,9 @@ DAGS = {  # built once: generate_sketches caches per DAG object
 }
 
 
-def sketches(name: str, target: Target = TARGET) -> tuple[Sketch, ...]:
-    return generate_sketches(DAGS[name], target)
+def sketches(name: str, target: Target = TARGET, pack: bool = False) -> tuple[Sketch, ...]:
+    """Ansor's CPU rules alone by default (the pack rule's variants are in tests/test_pack.py)."""
+    return generate_sketches(DAGS[name], target, pack=pack)
 
 
 def names(s: Sketch, stage: str) -> list[str]:
@@ -143,7 +144,12 @@ def test_conv2d_bias_relu_sketches():
         assert s.state.stage("conv2d_pad").compute_at == "root" and "conv2d_pad" not in s.fixed
         pad_options = dict(space(s).locations)["conv2d_pad"]
         assert pad_options[:2] == ("root", "inline")
-        assert all(o.startswith("conv2d/") for o in pad_options[2:])
+        conv_loops = [f"conv2d/{it}" for it in ssrsrs[:7]]  # the consumer's space loops outside its reduction
+        if level is None:
+            assert list(pad_options[2:]) == conv_loops
+        else:  # and the loops of the stage conv2d is computed in, down to the attach point
+            relu_loops = [f"conv2d_relu/{it}" for it in names(s, "conv2d_relu")[: 1 + 3 * level]]
+            assert list(pad_options[2:]) == relu_loops + conv_loops
         if level is None:
             assert attach(s, "conv2d") == "root" and attach(s, "conv2d_relu") == "root"
             assert names(s, "conv2d_relu") == ["i0", "i1", "i2", "i3"]
@@ -212,6 +218,18 @@ def test_small_space_matmul_gets_rfactor_and_tiling_sketches():
     assert names(sk[1], "C.rf") == ["i", "j", "k.1", "k.0"]
     assert names(sk[4], "C") == tile_order(["i", "j"], ["k"])
     assert [s.tile_extents for s in sk] == [(512,), (512,), (2, 2, 512), (2, 2, 512), (2, 2, 512)]
+
+
+def test_the_pack_rule_adds_packed_variants_of_the_cache_write_sketches():
+    for name in DAGS:
+        ansor = [s.rules for s in sketches(name)]
+        default = [s.rules for s in sketches(name, pack=True)]
+        packed = [r for r in default if any(x.startswith("pack(") for x in r)]
+        assert sorted(r for r in default if r not in packed) == sorted(ansor)
+        assert [tuple(x for x in r if not x.startswith("pack(")) for r in packed] == [
+            r for r in ansor if r and r[0].startswith("cache_write(")
+        ]
+        assert all(r[1] == "pack(B for C.local)" for r in packed)
 
 
 @pytest.mark.parametrize("cores", [1, 4, 64])

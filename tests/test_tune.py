@@ -1,0 +1,218 @@
+"""Tuning end to end with the real builder and runner on a 64^3 matmul: records with traces land in the database,
+every valid record computes the right answer, injected bad kernels become error codes without stopping the run,
+and a resumed run never measures a program twice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler import ops, te
+from compiler.annotate import program_key
+from compiler.codegen import compile_funcs
+from compiler.cost_model import RandomModel, XGBModel
+from compiler.dag import ComputeDAG
+from compiler.default_schedule import default_schedule
+from compiler.lower import lower
+from compiler.measure import (
+    BUILD_TIMEOUT,
+    RUN,
+    RUN_TIMEOUT,
+    WRONG_ANSWER,
+    BuildResult,
+    LocalBuilder,
+    LocalRunner,
+    MeasureInput,
+)
+from compiler.records import JSONLinesDatabase
+from compiler.search import SearchParams
+from compiler.state import apply_steps, step_from_record
+from compiler.tasks import Task
+from compiler.tune import TaskScheduler, TuneOptions
+
+N = 64
+A = te.placeholder((N, N), name="A")
+B = te.placeholder((N, N), name="B")
+DAG = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
+TASK = Task(DAG.workload_key, DAG, "matmul64")
+PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
+TRIALS, PER_ROUND, MORE_TRIALS = 24, 8, 16
+
+C_MATMUL = """
+int tilefarm_num_threads = 0;
+void kernel(const float* a, const float* b, float* c) {
+    BEFORE
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            float s = 0;
+            for (int k = 0; k < N; k++) s += a[i * N + k] * b[k * N + j];
+            c[i * N + j] = s * SCALE;
+        }
+}
+"""
+# position in the first batch (0 is the default schedule) -> a kernel with the candidates' ABI, and its error code
+FAULTS = {
+    1: ({"before": "*(volatile int*)0 = 0;"}, RUN),
+    2: ({"before": 'for (;;) { __asm__ volatile(""); }'}, RUN_TIMEOUT),
+    3: ({"scale": "1.01f"}, WRONG_ANSWER),
+}
+
+
+def c_library(path: Path, before: str = "", scale: str = "1.0f") -> str:
+    src = path.with_suffix(".c")
+    src.write_text(C_MATMUL.replace("BEFORE", before).replace("SCALE", scale))
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-DN={N}", "-o", str(path), str(src)], check=True)
+    return str(path)
+
+
+def key_of(inp: MeasureInput) -> str:
+    return json.dumps([s.record() for s in inp.steps], separators=(",", ":"))
+
+
+class FaultyBuilder:
+    """The real builder, except that chosen candidates of the first batch get a C library that crashes, hangs or
+    computes wrong values. Remembers the program key of everything it was asked to build."""
+
+    def __init__(self, inner: LocalBuilder, workdir: Path, faults: dict):
+        self.inner, self.workdir, self.faults = inner, workdir, faults
+        self.batches: list[list[str]] = []
+
+    def build(self, inputs: list[MeasureInput]) -> list[BuildResult]:
+        results = self.inner.build(inputs)
+        if not self.batches:
+            for i, (kwargs, _) in self.faults.items():
+                Path(results[i].path).unlink()  # the scheduler deletes only the libraries it is given
+                results[i] = BuildResult(c_library(self.workdir / f"fault{i}.so", **kwargs), None, "", 0.0)
+        self.batches.append([key_of(inp) for inp in inputs])
+        return results
+
+
+@pytest.fixture(scope="module")
+def builder():
+    # A program whose reduction nest is unrolled 512 steps around a vector loop is 10-30k lines of LLVM IR, which
+    # LLVM's O3 pipeline takes 20 s to minutes to optimize: such a build is a build_timeout, which is a result like
+    # any other. 5 s instead of 15 keeps this test's time bounded; a 64^3 matmul builds in well under a second.
+    with LocalBuilder(n_parallel=2, timeout=5.0) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with LocalRunner(timeout=2.0, repeat=1, min_repeat_ms=5, threads=1) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def tuned(builder, runner, tmp_path_factory):
+    """One tuning run of TRIALS trials with the faults injected; its records file is what the tests read."""
+    tmp = tmp_path_factory.mktemp("tune")
+    db = JSONLinesDatabase(tmp / "records.jsonl")
+    faulty = FaultyBuilder(builder, tmp, FAULTS)
+    rounds = []
+    options = TuneOptions(trials=TRIALS, measures_per_round=PER_ROUND, params=PARAMS, seed=0)
+    sched = TaskScheduler(
+        [TASK],
+        db,
+        options,
+        model=XGBModel(seed=0, num_warmup=8),  # trained from the second round on
+        builder=faulty,
+        runner=runner,
+        callback=lambda s: rounds.append(s.stats.trials),
+    )
+    sched.run()
+    return sched, db, faulty, rounds
+
+
+def test_records_land_in_the_database_with_traces(tuned):
+    sched, db, faulty, rounds = tuned
+    records = list(db)
+    assert len(records) == TRIALS == sched.stats.trials == sched.progress[0].trials
+    assert rounds == [8, 16, 24]
+    assert len({r.identity for r in records}) == TRIALS
+    assert [r.to_json() for r in JSONLinesDatabase(db.path)] == [r.to_json() for r in records]  # on disk, in order
+    assert all(r.workload_key == TASK.key for r in records)
+    # the first round measures the default schedule first; it was not made by the search, so it has no trace
+    default = records[0]
+    assert json.dumps(default.steps, separators=(",", ":")) == program_key(default_schedule(DAG))
+    assert default.trace is None and default.ok
+    policy = sched.progress[0].policy
+    for r in records[1:]:
+        assert set(r.trace) == {"sketch", "decisions"}
+        again = policy.from_trace(r.trace)  # the trace rebuilds exactly the measured program
+        assert again is not None and again.key == json.dumps(r.steps, separators=(",", ":"))
+
+
+def test_injected_faults_become_error_codes_and_tuning_goes_on(tuned):
+    sched, db, faulty, _ = tuned
+    records = list(db)
+    for i, (_, code) in FAULTS.items():
+        assert records[i].error == code and records[i].costs == () and not records[i].ok, records[i].error_message
+    errors = dict(sched.stats.errors)
+    errors.pop(BUILD_TIMEOUT, None)
+    assert errors == {RUN: 1, RUN_TIMEOUT: 1, WRONG_ANSWER: 1}
+    later = records[max(FAULTS) + 1 :]
+    assert {r.error for r in later} <= {None, BUILD_TIMEOUT}, [(r.error, r.error_message) for r in later if not r.ok]
+    assert sum(r.ok for r in later) >= len(later) // 2
+    assert sched.progress[0].best == min(r.mean_cost for r in records) < float("inf")
+    assert len(faulty.batches) == TRIALS // PER_ROUND
+
+
+def test_valid_records_are_timed_and_compute_the_right_answer(tuned):
+    _, db, _, _ = tuned
+    valid = [r for r in db if r.error is None]
+    assert len(valid) == TRIALS - len(FAULTS) - sum(r.error == BUILD_TIMEOUT for r in db) >= TRIALS // 2
+    for r in valid:
+        assert r.costs and all(0 < c < 1 for c in r.costs)
+    states = [apply_steps(DAG, [step_from_record(s) for s in r.steps]) for r in valid]
+    kernels = compile_funcs([lower(s, f"k{i}") for i, s in enumerate(states)])
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((N, N)).astype(np.float32) for _ in range(2))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    for i, state in enumerate(states):
+        out = np.full((N, N), np.nan, np.float32)
+        kernels[f"k{i}"](a, b, out)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4, err_msg=str(state))
+
+
+def test_resume_never_measures_a_program_twice_and_continues_the_count(tuned, builder, runner, tmp_path):
+    _, db, _, _ = tuned
+    path = tmp_path / "records.jsonl"
+    shutil.copy(db.path, path)
+    db2 = JSONLinesDatabase(path)
+    before = {r.identity for r in db2}
+    old_keys = {json.dumps(r.steps, separators=(",", ":")) for r in db2}
+    recorder = FaultyBuilder(builder, tmp_path, {})
+    options = TuneOptions(trials=MORE_TRIALS, measures_per_round=PER_ROUND, params=PARAMS, seed=0)  # the same seed
+    sched = TaskScheduler([TASK], db2, options, model=RandomModel(0), builder=recorder, runner=runner)
+    assert sched.resume() == TRIALS
+    p = sched.progress[0]
+    assert p.trials == TRIALS and len(p.policy.measured) == TRIALS and p.best < float("inf")
+    sched.run()
+    built = [k for batch in recorder.batches for k in batch]
+    assert len(built) == len(set(built)) == MORE_TRIALS
+    assert not set(built) & old_keys  # neither the default schedule nor any searched program is measured again
+    records = list(db2)
+    assert len(records) == TRIALS + MORE_TRIALS  # every commit was new: no identity was already stored
+    assert len({r.identity for r in records}) == len(records) and before <= {r.identity for r in records}
+    assert p.trials == TRIALS + MORE_TRIALS and sched.stats.trials == MORE_TRIALS
+    assert all(r.trace is not None for r in records[TRIALS:])
+
+
+def test_resume_takes_only_this_tasks_records_from_this_host(tuned, builder, runner, tmp_path):
+    _, db, _, _ = tuned
+    path = tmp_path / "records.jsonl"
+    shutil.copy(db.path, path)
+    db2 = JSONLinesDatabase(path)
+    r = next(iter(db2))
+    assert db2.commit(replace(r, workload_key="another-workload"))
+    assert db2.commit(replace(r, host="another-host"))
+    sched = TaskScheduler(
+        [TASK], db2, TuneOptions(trials=1, params=PARAMS), model=RandomModel(0), builder=builder, runner=runner
+    )
+    assert sched.resume() == TRIALS
