@@ -87,7 +87,8 @@ class FaultyBuilder:
         results = self.inner.build(inputs)
         if not self.batches:
             for i, (kwargs, _) in self.faults.items():
-                Path(results[i].path).unlink()  # the scheduler deletes only the libraries it is given
+                if results[i].path:  # the scheduler deletes only the libraries it is given
+                    Path(results[i].path).unlink()
                 results[i] = BuildResult(c_library(self.workdir / f"fault{i}.so", **kwargs), None, "", 0.0)
         self.batches.append([key_of(inp) for inp in inputs])
         return results
