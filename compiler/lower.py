@@ -274,11 +274,16 @@ def _loop(v: Var, extent: int, annotation: str, body: Stmt) -> Stmt:
     return For(v, extent, LOOP_KIND[annotation], body)
 
 
+VECTOR_STEP_LANES = 16  # a vector loop counts as one unroll step per 16 lanes (one AVX-512 register of fp32)
+
+
 def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
-    """Unroll this stage's serial loops whose whole nest runs at most `max_step` iterations (vector ops count 1)."""
+    """Unroll this stage's serial loops whose whole nest runs at most `max_step` steps (a vector loop counts one
+    step per 16 lanes: counting a 64-lane loop as one let a 512-step pragma unroll into LLVM IR that took minutes
+    to optimize)."""
     if isinstance(s, For):
         body, steps = _auto_unroll(s.body, own, max_step)
-        total = steps if s.kind == "vectorized" else steps * s.extent
+        total = steps * -(-s.extent // VECTOR_STEP_LANES) if s.kind == "vectorized" else steps * s.extent
         kind = "unrolled" if s.kind == "serial" and s.var.name in own and total <= max_step else s.kind
         return For(s.var, s.extent, kind, body), total
     if isinstance(s, Seq):
