@@ -76,6 +76,8 @@ def materialize(sketch: Sketch, d: Decisions) -> State:
             s = _vectorize(s, name, n)
     except TilefarmError as e:
         raise InvalidProgram(str(e)) from None
+    except (KeyError, ValueError) as e:  # a decision naming a stage or loop this sketch does not have
+        raise InvalidProgram(f"decision refers to something the sketch lacks: {e}") from None
     return s
 
 
