@@ -38,10 +38,11 @@ from compiler.tune import TaskScheduler, TuneOptions
 HELD_OUT_AFTER = 512
 
 
-def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: int) -> TaskScheduler:
+def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: int, resume: bool) -> TaskScheduler:
     from compiler.search import SearchParams
 
-    path.unlink(missing_ok=True)
+    if not resume:
+        path.unlink(missing_ok=True)
     db = JSONLinesDatabase(path)
     rounds, start = [0], time.perf_counter()
 
@@ -55,8 +56,15 @@ def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: 
     with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
         t0 = time.perf_counter()
         sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress)
+        prior_s = 0.0
+        if resume:
+            stamps = [r.timestamp for r in db]
+            prior_s = max(stamps) - min(stamps) if stamps else 0.0
+            print(f"    resumed {sched.resume()} records ({prior_s:.0f} s of earlier tuning)")
         sched.run()
-        sched.stats.wall_s = time.perf_counter() - t0
+        # a resumed run reports the whole tuning: earlier trials and wall time (first to last record) included
+        sched.stats.wall_s = time.perf_counter() - t0 + prior_s
+        sched.stats.trials += sched.resumed
     return sched
 
 
@@ -104,7 +112,7 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
     task = Task(dag.workload_key, dag, w.name)
     path = Path(args.records_dir) / f"{w.name}-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {args.trials} trials -> {path}")
-    sched = _tune([task], args.trials, threads, path, args.population)
+    sched = _tune([task], args.trials, threads, path, args.population, args.resume)
     extra = _report_search(sched)
     db = JSONLinesDatabase(path)
     best = db.best(task.key, db_target(db), k=1)[0]
@@ -185,7 +193,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     tasks, _, _ = extract_tasks(graph)
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
-    sched = _tune(tasks, args.model_trials, threads, path, args.population)
+    sched = _tune(tasks, args.model_trials, threads, path, args.population, args.resume)
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched)
     with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
@@ -230,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")
     p.add_argument("--with-tvm", action="store_true", help="also tune with TVM MetaSchedule at the same budget")
     p.add_argument("--records-dir", default="bench/results/records")
+    p.add_argument("--resume", action="store_true", help="continue from the records in --records-dir (trials = new)")
     p.add_argument("--json", help="write the rows here as a JSON list")
     args = p.parse_args(argv)
     Path(args.records_dir).mkdir(parents=True, exist_ok=True)

@@ -192,7 +192,8 @@ class TaskScheduler:
         backward = (h[-1] - h[-1 - WINDOW]) / WINDOW if len(h) > WINDOW else 0.0
         g_next_1 = p.best - p.best / max(p.rounds, 1)
         group_speed = [q.task.flop_count / q.best for q in self._similar(p) if math.isfinite(q.best)]
-        g_next_2 = BETA * p.task.flop_count / max(group_speed) if group_speed else math.inf
+        fastest = max(group_speed, default=0.0)  # 0 for data-movement tasks, which count no FLOPs
+        g_next_2 = BETA * p.task.flop_count / fastest if fastest > 0 else math.inf
         forward = min(g_next_1, g_next_2) - p.best
         return w * (ALPHA * backward + (1 - ALPHA) * forward)
 

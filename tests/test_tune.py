@@ -217,3 +217,22 @@ def test_resume_takes_only_this_tasks_records_from_this_host(tuned, builder, run
         [TASK], db2, TuneOptions(trials=1, params=PARAMS), model=RandomModel(0), builder=builder, runner=runner
     )
     assert sched.resume() == TRIALS
+
+
+def test_gradient_copes_with_tasks_that_count_no_flops(tmp_path):
+    from compiler import te
+    from compiler.cost_model import RandomModel
+    from compiler.dag import ComputeDAG
+    from compiler.records import JSONLinesDatabase
+    from compiler.tasks import Task
+    from compiler.tune import TaskScheduler
+
+    x = te.placeholder((8, 8), "float32", "x")
+    copy = ComputeDAG([x, te.compute((8, 8), lambda i, j: x[j, i], name="transpose")])
+    assert copy.flop_count == 0
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    task = Task(copy.workload_key, copy, "transpose")
+    sched = TaskScheduler([task], db, model=RandomModel(0), builder=object(), runner=object())
+    p = sched.progress[0]
+    p.best, p.rounds, p.history = 1e-6, 2, [2e-6, 1e-6]
+    assert sched._gradient(0) <= 0 and sched._pick([0]) == 0
