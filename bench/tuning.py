@@ -65,6 +65,7 @@ def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: 
         # a resumed run reports the whole tuning: earlier trials and wall time (first to last record) included
         sched.stats.wall_s = time.perf_counter() - t0 + prior_s
         sched.stats.trials += sched.resumed
+        sched.prior_s = prior_s
     return sched
 
 
@@ -72,7 +73,8 @@ def _report_search(sched: TaskScheduler) -> dict:
     st = sched.stats
     scored = sum(p.policy.stats.scored for p in sched.progress)
     search_s = sum(p.policy.stats.seconds for p in sched.progress)
-    shares = st.shares()
+    this_run = max(st.wall_s - getattr(sched, "prior_s", 0.0), 1e-9)  # shares of this run's time, not resumed
+    shares = {k: getattr(st, f"{k}_s") / this_run for k in ("search", "build", "run", "train")}
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
     print(
         f"    tuning {st.wall_s:.0f} s: search {shares['search']:.0%}, build {shares['build']:.0%}, "
