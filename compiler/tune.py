@@ -272,7 +272,9 @@ class TaskScheduler:
                 f"{lat:>10.4f} {lat * p.task.weight:>11.4f} {p.trials:>6} {'yes' if p.done else '':>4}"
             )
         est = self.estimated_latency * 1e3
-        rows.append(f"estimated end-to-end latency: {est:.3f} ms   trials: {self.stats.trials}")
+        missing = sum(1 for p in self.progress if not math.isfinite(p.best))
+        unknown = f" ({missing} tasks without a measured program yet)" if missing else ""
+        rows.append(f"estimated end-to-end latency: {est:.3f} ms{unknown}   trials: {self.stats.trials}")
         return "\n".join(rows)
 
     def close(self) -> None:
