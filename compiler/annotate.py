@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -263,17 +262,9 @@ def default_parallel(s: State, name: str, cores: int) -> int:
     return n if prod > 1 else 0
 
 
-def decisions_key(sketch_index: int, d: Decisions) -> str:
-    return json.dumps([sketch_index, d.to_json()], separators=(",", ":"))
-
-
 def program_key(state: State) -> str:
     """The identity of a program: its step list (what a record stores)."""
     return json.dumps([st.record() for st in state.steps], separators=(",", ":"))
-
-
-def tile_product_ok(extent: int, lengths: tuple[int, ...]) -> bool:
-    return extent % math.prod(lengths) == 0 and lengths[-1] <= MAX_INNERMOST_FACTOR
 
 
 __all__ = [
