@@ -577,7 +577,10 @@ class FeatureCache:
             self._data.move_to_end(key)
             return x
         self.misses += 1
-        x = extract(state)
+        return self.put(key, extract(state))
+
+    def put(self, key: Hashable, x: np.ndarray) -> np.ndarray:
+        """Hold features computed elsewhere (the search's worker processes)."""
         x.flags.writeable = False
         self._data[key] = x
         if len(self._data) > self.max_size:

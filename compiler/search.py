@@ -85,7 +85,7 @@ class SearchPolicy:
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.stats = SearchStats()
-        self._features: dict[str, np.ndarray] = {}
+        self._features = features.FeatureCache()
 
     # ------------------------------------------------------------------------------------------ candidates
 
@@ -128,13 +128,11 @@ class SearchPolicy:
         todo = list({c.key: c for c in cands if c.key not in self._features}.values())
         if len(todo) >= PARALLEL_FEATURES_MIN and self.target.cores > 1:
             for c, x in zip(todo, _featurize_in_pool(self.dag, [c.state.steps for c in todo], self.target.cores)):
-                self._features[c.key] = x
-        else:
-            for c in todo:
-                self._features[c.key] = features.extract(c.state)
+                self._features.put(c.key, x)
         self.stats.featurized += len(todo)
+        xs = [self._features.get_or_compute(c.key, c.state) for c in cands]
         self.stats.feature_seconds += time.perf_counter() - t0
-        return [self._features[c.key] for c in cands]
+        return xs
 
     def score(self, cands: list[Candidate]) -> np.ndarray:
         xs = self.featurize(cands)

@@ -8,7 +8,6 @@ difference over the last rounds mixed with an optimistic forward guess; α = 0.2
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -121,7 +120,7 @@ class TaskScheduler:
             p = by_key.get(rec.workload_key)
             if p is None or rec.target != target or rec.host != host:
                 continue
-            key = json.dumps(rec.steps, separators=(",", ":"))
+            key = rec.identity[2]  # the step list as JSON, the form program_key gives
             if key in p.policy.measured:
                 continue
             cand = p.policy.from_trace(rec.trace) if rec.trace else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.tasks import Task
 from compiler.tune import TaskScheduler, TuneOptions
+from tests.test_measure import c_library
 
 N = 64
 A = te.placeholder((N, N), name="A")
@@ -44,31 +44,12 @@ TASK = Task(DAG.workload_key, DAG, "matmul64")
 PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
 TRIALS, PER_ROUND, MORE_TRIALS = 24, 8, 16
 
-C_MATMUL = """
-int tilefarm_num_threads = 0;
-void kernel(const float* a, const float* b, float* c) {
-    BEFORE
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < N; j++) {
-            float s = 0;
-            for (int k = 0; k < N; k++) s += a[i * N + k] * b[k * N + j];
-            c[i * N + j] = s * SCALE;
-        }
-}
-"""
 # position in the first batch (0 is the default schedule) -> a kernel with the candidates' ABI, and its error code
 FAULTS = {
     1: ({"before": "*(volatile int*)0 = 0;"}, RUN),
     2: ({"before": 'for (;;) { __asm__ volatile(""); }'}, RUN_TIMEOUT),
     3: ({"scale": "1.01f"}, WRONG_ANSWER),
 }
-
-
-def c_library(path: Path, before: str = "", scale: str = "1.0f") -> str:
-    src = path.with_suffix(".c")
-    src.write_text(C_MATMUL.replace("BEFORE", before).replace("SCALE", scale))
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-DN={N}", "-o", str(path), str(src)], check=True)
-    return str(path)
 
 
 def key_of(inp: MeasureInput) -> str:
@@ -89,7 +70,7 @@ class FaultyBuilder:
             for i, (kwargs, _) in self.faults.items():
                 if results[i].path:  # the scheduler deletes only the libraries it is given
                     Path(results[i].path).unlink()
-                results[i] = BuildResult(c_library(self.workdir / f"fault{i}.so", **kwargs), None, "", 0.0)
+                results[i] = BuildResult(c_library(self.workdir, f"fault{i}", **kwargs), None, "", 0.0)
         self.batches.append([key_of(inp) for inp in inputs])
         return results
 
