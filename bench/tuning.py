@@ -5,10 +5,10 @@ measured in one run.
                            [--json rows.json] [--records-dir DIR]
 
 For each kernel (GEMM 512³ and 1024³, ResNet-18's three 3×3 conv layers) and each thread count it tunes from
-scratch (records in DIR/<workload>-<threads>t.jsonl), then times the best program next to numpy and onnxruntime
-(interleaved samples, medians, as bench.kernels does) and prints trials, tuning wall time, latency and GFLOP/s, the
-share of tuning time spent in search, build, run and training, candidates scored per second, and the cost model's
-pairwise ranking accuracy on held-out measurements (trained on the first 512 of the task, tested on the rest).
+scratch (records in DIR/<workload>-<threads>t.jsonl), then times the best program next to numpy and onnxruntime in
+a fresh process (bench.timing: interleaved samples, medians, as bench.kernels does) and prints trials, tuning wall
+time, latency and GFLOP/s, the share of tuning time spent in search, build, run and training, candidates scored per
+second, and the cost model's pairwise ranking accuracy on held-out measurements of the task.
 `resnet18` tunes every task of the model with the model budget and compares the compiled artifact end to end.
 """
 
@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import WORKLOADS, Workload, interleaved, onnx_session
-from compiler.codegen import compile_funcs
+from bench.kernels import WORKLOADS, Workload
+from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import extract
-from compiler.lower import lower
 from compiler.measure import LocalBuilder, LocalRunner
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
@@ -108,8 +105,6 @@ def held_out_accuracy(task: Task, records: list[TuningRecord], first: int = HELD
 
 
 def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
-    from threadpoolctl import threadpool_limits
-
     dag = ComputeDAG([*w.inputs, w.output])
     task = Task(dag.workload_key, dag, w.name)
     path = Path(args.records_dir) / f"{w.name}-{threads}t.jsonl"
@@ -117,26 +112,13 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
     sched = _tune([task], args.trials, threads, path, args.population, args.resume)
     extra = _report_search(sched)
     db = JSONLinesDatabase(path)
-    best = db.best(task.key, db_target(db), k=1)[0]
     acc = held_out_accuracy(task, list(db))
     if acc is not None:
         print(
             f"    cost model pairwise accuracy, trained on {HELD_OUT_AFTER} programs, on the other "
             f"{len(db) - HELD_OUT_AFTER}: {acc['random']:.3f} (random split), {acc['later']:.3f} (measured later)"
         )
-    kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
-    out = np.zeros(w.output.shape, np.float32)
-    os.environ["TILEFARM_NUM_THREADS"] = str(threads)
-    ort_fn = onnx_session(w, arrays, threads)
-    kernel(*arrays, out)
-    np.testing.assert_allclose(out, ort_fn(), rtol=1e-3, atol=1e-3, err_msg=f"tuned {w.name} is wrong")
-    systems = {"tilefarm-tuned": lambda: kernel(*arrays, out), "onnxruntime": ort_fn}
-    if w.name.startswith("gemm"):
-        systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
-    with threadpool_limits(limits=threads, user_api="blas"):
-        medians = interleaved(systems, args.repeat, min_ms=30)
+    medians = in_fresh_process("kernel", w.name, path, threads, args.repeat)["medians_s"]
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"
         row = {
@@ -177,16 +159,10 @@ def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:
         )
 
 
-def db_target(db: JSONLinesDatabase) -> str:
-    return next(iter(db)).target
-
-
 def run_resnet18(threads: int, args, rows: list[dict]) -> None:
-    from bench.models import batch1_inputs, difference, ort_session
-    from compiler.build import build
+    from bench.models import batch1_inputs
     from compiler.examples import EXAMPLES
     from compiler.onnx_frontend import load
-    from compiler.runtime import Artifact
     from compiler.tasks import extract_tasks
 
     model = EXAMPLES["resnet18"](seed=0)
@@ -198,17 +174,8 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     sched = _tune(tasks, args.model_trials, threads, path, args.population, args.resume)
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched)
-    with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
-        arts = {}
-        for label, records in (("tilefarm-tuned", JSONLinesDatabase(path)), ("tilefarm-untuned", None)):
-            build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=records)
-            arts[label] = Artifact.load(Path(tmp) / f"{label}.tar")
-        os.environ["TILEFARM_NUM_THREADS"] = str(threads)
-        ort_fn = ort_session(model, threads)
-        _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
-        systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
-        systems["onnxruntime"] = lambda: ort_fn(feeds)
-        medians = interleaved(systems, args.repeat, min_ms=100)
+    timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
+    medians, rel = timed["medians_s"], timed["max_rel_diff"]
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"
         row = {

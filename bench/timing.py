@@ -1,0 +1,109 @@
+"""Timing of tuned programs for bench.tuning, in a fresh process.
+
+    python -m bench.timing kernel gemm_512 RECORDS.jsonl --threads 2 [--repeat 7]
+    python -m bench.timing resnet18 - RECORDS.jsonl --threads 2 [--repeat 7]
+
+A process that has just tuned holds thread pools (OpenBLAS, libgomp, xgboost) and freshly freed memory; on this
+2-core host that made the same ResNet-18 artifact time 49.7 ms inside the tuning process and 29.3 ms alone. So
+bench.tuning times every result here instead: the best record per task is compiled, checked against onnxruntime,
+and timed next to numpy/OpenBLAS and onnxruntime (interleaved samples, medians, as bench.kernels does). The last
+stdout line is the result as JSON: {"medians_s": {system: seconds}, "max_rel_diff": float}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.kernels import WORKLOADS, interleaved, onnx_session
+from compiler.records import JSONLinesDatabase
+
+
+def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
+    from threadpoolctl import threadpool_limits
+
+    from compiler.codegen import compile_funcs
+    from compiler.dag import ComputeDAG
+    from compiler.lower import lower
+    from compiler.state import apply_steps, step_from_record
+
+    w = next(w for w in WORKLOADS if w.name == name)
+    dag = ComputeDAG([*w.inputs, w.output])
+    db = JSONLinesDatabase(records)
+    best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
+    kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
+    out = np.zeros(w.output.shape, np.float32)
+    ort_fn = onnx_session(w, arrays, threads)
+    kernel(*arrays, out)
+    ref = ort_fn()
+    rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    if rel > 1e-3:
+        raise SystemExit(f"tuned {name} is wrong: max rel diff vs onnxruntime {rel:.1e}")
+    systems = {"tilefarm-tuned": lambda: kernel(*arrays, out), "onnxruntime": ort_fn}
+    if name.startswith("gemm"):
+        systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
+    with threadpool_limits(limits=threads, user_api="blas"):
+        medians = interleaved(systems, repeat, min_ms=30)
+    return {"medians_s": medians, "max_rel_diff": rel}
+
+
+def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
+    from bench.models import batch1_inputs, difference, ort_session
+    from compiler.build import build
+    from compiler.examples import EXAMPLES
+    from compiler.onnx_frontend import load
+    from compiler.runtime import Artifact
+
+    model = EXAMPLES["resnet18"](seed=0)
+    feeds = batch1_inputs(model)
+    graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
+    with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
+        arts = {}
+        for label, db in (("tilefarm-tuned", JSONLinesDatabase(records)), ("tilefarm-untuned", None)):
+            build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=db)
+            arts[label] = Artifact.load(Path(tmp) / f"{label}.tar")
+        ort_fn = ort_session(model, threads)
+        _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
+        systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
+        systems["onnxruntime"] = lambda: ort_fn(feeds)
+        medians = interleaved(systems, repeat, min_ms=100)
+    return {"medians_s": medians, "max_rel_diff": rel}
+
+
+def in_fresh_process(kind: str, name: str, records: Path, threads: int, repeat: int) -> dict:
+    """Runs this module's timing in a new interpreter; raises RuntimeError with its stderr if it fails."""
+    env = dict(os.environ, TILEFARM_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "bench.timing", kind, name, str(records), "--threads", str(threads)]
+    proc = subprocess.run([*cmd, "--repeat", str(repeat)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"timing {name} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=["kernel", "resnet18"])
+    p.add_argument("name", help="the kernel workload (gemm_512, conv2d_64x56x56_3x3, ...); '-' for resnet18")
+    p.add_argument("records", type=Path)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--repeat", type=int, default=7)
+    args = p.parse_args(argv)
+    os.environ["TILEFARM_NUM_THREADS"] = str(args.threads)
+    if args.kind == "kernel":
+        result = time_kernel(args.name, args.records, args.threads, args.repeat)
+    else:
+        result = time_resnet18(args.records, args.threads, args.repeat)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
