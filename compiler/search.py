@@ -1,6 +1,9 @@
 """Evolutionary search for one task (Ansor §4.2, `SketchPolicy`): sample an initial population from the task's
 sketches, evolve it under the cost model's scores, and pick the next batch to measure (best predicted plus a few
-random ones, ε-greedy), never one measured before.
+random ones, ε-greedy), never one measured before. "Measured before" is judged on the lowered program, not on
+the decisions: different decisions can lower to the same loop nest (a compute location on either side of a loop
+fused into the parallel one, a split whose factors land in adjacent loops); 16% of a 1,000-trial GEMM 1024 run
+re-measured such twins before this check.
 
 Every random choice draws from the policy's seeded generator, so a search replays exactly given the same
 measurements.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import hashlib
 import heapq
 import multiprocessing
 import time
@@ -21,6 +25,8 @@ from compiler import features
 from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample
 from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
+from compiler.errors import TilefarmError
+from compiler.lower import lower
 from compiler.mutate import mutate
 from compiler.sketch import Sketch, generate_sketches
 from compiler.state import State, apply_steps
@@ -69,6 +75,7 @@ class SearchStats:
     feature_seconds: float = 0.0
     model_seconds: float = 0.0
     invalid: int = 0
+    twins: int = 0  # picked candidates dropped because a measured or picked one lowers to the same program
 
 
 @dataclass
@@ -84,6 +91,7 @@ class SearchPolicy:
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
+        self.measured_programs: set[str] = set()  # program_identity of everything measured
         self.stats = SearchStats()
         self._features = features.FeatureCache()
 
@@ -156,20 +164,31 @@ class SearchPolicy:
         population = init + self._seeds()
         best = self._evolve(population, 2 * n)
         picked: dict[str, Candidate] = {}
+        programs: set[str] = set()
+
+        def take(c: Candidate) -> None:
+            if c.key in picked or c.key in self.measured:
+                return
+            ident = program_identity(c.state)
+            if ident in programs or ident in self.measured_programs:
+                self.stats.twins += 1
+                return
+            picked[c.key] = c
+            programs.add(ident)
+
         for c in best:
             if len(picked) >= n - n_random:
                 break
-            picked.setdefault(c.key, c)
+            take(c)
         for c in random_pool:
             if len(picked) >= n:
                 break
-            picked.setdefault(c.key, c)
+            take(c)
         if len(picked) < n:  # the evolution found too few new programs: top up with random ones
             for c in self.sample_initial(2 * n):
                 if len(picked) >= n:
                     break
-                if c.key not in self.measured:
-                    picked.setdefault(c.key, c)
+                take(c)
         self.stats.seconds += time.perf_counter() - t0
         return list(picked.values())
 
@@ -244,6 +263,7 @@ class SearchPolicy:
                 continue
             self.measured[c.key] = cost
             self.measured_candidates.append((cost, c))
+            self.measured_programs.add(program_identity(c.state))
 
     def features_of(self, c: Candidate) -> np.ndarray:
         return self.featurize([c])[0]
@@ -251,6 +271,17 @@ class SearchPolicy:
     @property
     def best_cost(self) -> float:
         return min(self.measured.values(), default=float("inf"))
+
+
+def program_identity(state: State) -> str:
+    """A digest of the loop nest `state` lowers to (before simplification) and its unroll pragmas: equal for
+    decisions that make the same program. A program that does not lower is its own identity (its step list)."""
+    try:
+        text = str(lower(state, simplify=False))
+    except TilefarmError:
+        return program_key(state)
+    unroll = sorted((st.name, st.auto_unroll_max_step) for st in state.stages if st.auto_unroll_max_step)
+    return hashlib.sha1(f"{text}\n{unroll}".encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- feature workers
@@ -280,4 +311,4 @@ def _featurize_chunk(dag: ComputeDAG, programs: list[tuple]) -> list[np.ndarray]
     return [features.extract(apply_steps(dag, steps)) for steps in programs]
 
 
-__all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats"]
+__all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats", "program_identity"]

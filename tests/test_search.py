@@ -19,7 +19,7 @@ from compiler.dag import ComputeDAG
 from compiler.lower import lower
 from compiler.mutate import MUTATIONS, mutate, mutate_tile_size
 from compiler.ops.kernels import KERNELS
-from compiler.search import Candidate, SearchParams, SearchPolicy
+from compiler.search import Candidate, SearchParams, SearchPolicy, program_identity
 from compiler.sketch import Sketch
 from compiler.state import State
 from compiler.target import Target
@@ -156,18 +156,38 @@ def test_next_batch_never_repeats_a_program_when_the_space_runs_out():
     params = SearchParams(population=16, num_iters=1, init_min_population=8)
     p = policy("tiny", params=params, dag=ComputeDAG([x, ops.row_sum(x)]))
     seen: set[str] = set()
+    programs: set[str] = set()
     sizes = []
     for _ in range(80):
         batch = p.next_batch(8)
         keys = [c.key for c in batch]
+        idents = [program_identity(c.state) for c in batch]
         assert len(set(keys)) == len(keys) and not set(keys) & seen
+        assert len(set(idents)) == len(idents) and not set(idents) & programs  # no twin: the same loop nest
         seen |= set(keys)
+        programs |= set(idents)
         sizes.append(len(batch))
         p.record(batch, [1e-6] * len(batch))
         if not batch:
             break
     assert sizes[0] == 8 and sizes[-1] == 0  # it filled batches while it could, then ran out without repeating
     assert len(seen) == sum(sizes) == len(p.measured)
+
+
+def test_twins_are_one_program_and_a_measured_twin_is_not_picked_again():
+    p = policy("matmul")
+    first, other = p.next_batch(4)[:2]
+    stage = len(first.state.stages) - 1  # the output stage
+    order = list(range(len(first.state.stages[stage].iters)))
+    twin_state = first.state.reorder(stage, order)  # one more step, the same loop nest
+    assert program_identity(twin_state) == program_identity(first.state)
+    assert program_identity(other.state) != program_identity(first.state)
+    twin = Candidate(first.sketch_index, None, twin_state, "twin")
+    p.record([twin], [1e-4])
+    p.params = replace(p.params, eps_greedy=0.0)
+    p._evolve = lambda population, keep: [first]  # the evolution's best pick is the measured program's twin
+    assert first.key not in {c.key for c in p.next_batch(1)}
+    assert p.stats.twins >= 1
 
 
 def test_the_same_seed_gives_the_same_batches():
