@@ -35,7 +35,9 @@ from compiler.tune import TaskScheduler, TuneOptions
 HELD_OUT_AFTER = 512
 
 
-def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: int, resume: bool) -> TaskScheduler:
+def _tune(
+    tasks: list[Task], trials: int, threads: int, path: Path, population: int, resume: bool, cache_flush: bool = False
+) -> TaskScheduler:
     from compiler.search import SearchParams
 
     if not resume:
@@ -50,7 +52,9 @@ def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: 
             print(f"    {s.stats.trials} trials, {elapsed:.0f} s, est. {s.estimated_latency * 1e3:.3f} ms", flush=True)
 
     opts = TuneOptions(trials=trials, params=SearchParams(population=population))
-    with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
+    # with cache flushing a sample is one call, so take several; without, one sample of >= 100 ms of calls
+    runner = LocalRunner(repeat=5 if cache_flush else 1, threads=threads, cache_flush=cache_flush)
+    with LocalBuilder() as builder, runner:
         t0 = time.perf_counter()
         sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress)
         prior_s = 0.0
@@ -69,6 +73,7 @@ def _tune(tasks: list[Task], trials: int, threads: int, path: Path, population: 
 def _report_search(sched: TaskScheduler) -> dict:
     st = sched.stats
     scored = sum(p.policy.stats.scored for p in sched.progress)
+    twins = sum(p.policy.stats.twins for p in sched.progress)
     search_s = sum(p.policy.stats.seconds for p in sched.progress)
     this_run = max(st.wall_s - getattr(sched, "prior_s", 0.0), 1e-9)  # shares of this run's time, not resumed
     shares = {k: getattr(st, f"{k}_s") / this_run for k in ("search", "build", "run", "train")}
@@ -76,9 +81,13 @@ def _report_search(sched: TaskScheduler) -> dict:
     print(
         f"    tuning {st.wall_s:.0f} s: search {shares['search']:.0%}, build {shares['build']:.0%}, "
         f"run {shares['run']:.0%}, train {shares['train']:.0%}; {scored / max(search_s, 1e-9):.0f} candidates "
-        f"scored/s; errors: {errors}"
+        f"scored/s; {twins} twins of measured programs skipped; errors: {errors}"
     )
-    return {"search_share": round(shares["search"], 3), "scored_per_s": round(scored / max(search_s, 1e-9), 1)}
+    return {
+        "search_share": round(shares["search"], 3),
+        "scored_per_s": round(scored / max(search_s, 1e-9), 1),
+        "twins_skipped": twins,
+    }
 
 
 def held_out_accuracy(task: Task, records: list[TuningRecord], first: int = HELD_OUT_AFTER) -> dict | None:
@@ -171,7 +180,8 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     tasks, _, _ = extract_tasks(graph)
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
-    sched = _tune(tasks, args.model_trials, threads, path, args.population, args.resume)
+    flush = args.model_cache_flush
+    sched = _tune(tasks, args.model_trials, threads, path, args.population, args.resume, cache_flush=flush)
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
@@ -203,6 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--trials", type=int, default=1000, help="trials per kernel")
     p.add_argument("--model-trials", type=int, default=3000, help="trials for the whole of ResNet-18")
     p.add_argument("--population", type=int, default=512)
+    p.add_argument(
+        "--model-cache-flush",
+        action="store_true",
+        help="tune ResNet-18's tasks with caches flushed before every call (its weights exceed the L3 in a run)",
+    )
     p.add_argument("--repeat", type=int, default=7, help="interleaved timing samples per system")
     p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")
     p.add_argument("--with-tvm", action="store_true", help="also tune with TVM MetaSchedule at the same budget")

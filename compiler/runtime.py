@@ -55,9 +55,11 @@ class Artifact:
                 raise ArtifactError(f"artifact {path}: {f} is missing or does not match its sha256 in meta.json")
         # libgomp reads its wait policy once, when it loads with the library. Idle workers that spin steal the core a
         # busy host's other work needs (ResNet-18 on 2 threads of a loaded 2-core host: 240 ms spinning, 90 ms
-        # passive, 85 ms on 1 thread); sleeping costs a few microseconds per parallel loop. OMP_WAIT_POLICY=active
-        # restores spinning for dedicated hosts.
+        # passive, 85 ms on 1 thread), but workers that sleep at once must be woken for every parallel loop. A short
+        # spin (10k iterations, ~0.1 ms; what the tuner's measurements run with) keeps a model's back-to-back
+        # kernels fast and still lets idle workers sleep. OMP_WAIT_POLICY=active restores spinning for dedicated hosts.
         os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
         return Artifact(meta, ctypes.CDLL(str(root / meta["library"])), tmp)
 
     @property

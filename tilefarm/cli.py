@@ -224,7 +224,10 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
             )
 
     model = _cost_model(args)
-    with LocalBuilder() as builder, LocalRunner(repeat=args.repeat, threads=args.threads) as runner:
+    with (
+        LocalBuilder() as builder,
+        LocalRunner(repeat=args.repeat, threads=args.threads, cache_flush=args.cache_flush) as runner,
+    ):
         sched = TaskScheduler(
             tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live
         )
@@ -330,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         t.add_argument("--population", type=int, default=512, help="evolutionary search population")
         t.add_argument("--early-stopping", type=int, help="stop a task after this many trials without improvement")
         t.add_argument("--repeat", type=int, default=1, help="timed repeats per program (of >= 100 ms each)")
+        t.add_argument(
+            "--cache-flush",
+            action="store_true",
+            help="time each call after overwriting the caches (weights arrive cold, as in a whole model)",
+        )
         t.add_argument("--seed", type=int, default=0)
         t.add_argument("--cost-model", choices=["xgb", "random"], default="xgb", help="random: ablation baseline")
         t.add_argument("--model-file", help="load the XGBoost cost model from here if it exists; save it after")
