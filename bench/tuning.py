@@ -37,7 +37,8 @@ HELD_OUT_AFTER = 512
 
 def _tune(
     tasks: list[Task], trials: int, threads: int, path: Path, population: int, resume: bool, cache_flush: bool = False
-) -> TaskScheduler:
+) -> tuple[TaskScheduler, float]:
+    """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none)."""
     from compiler.search import SearchParams
 
     if not resume:
@@ -66,16 +67,15 @@ def _tune(
         # a resumed run reports the whole tuning: earlier trials and wall time (first to last record) included
         sched.stats.wall_s = time.perf_counter() - t0 + prior_s
         sched.stats.trials += sched.resumed
-        sched.prior_s = prior_s
-    return sched
+    return sched, prior_s
 
 
-def _report_search(sched: TaskScheduler) -> dict:
+def _report_search(sched: TaskScheduler, prior_s: float) -> dict:
     st = sched.stats
     scored = sum(p.policy.stats.scored for p in sched.progress)
     twins = sum(p.policy.stats.twins for p in sched.progress)
     search_s = sum(p.policy.stats.seconds for p in sched.progress)
-    this_run = max(st.wall_s - getattr(sched, "prior_s", 0.0), 1e-9)  # shares of this run's time, not resumed
+    this_run = max(st.wall_s - prior_s, 1e-9)  # shares of this run's time, not resumed
     shares = {k: getattr(st, f"{k}_s") / this_run for k in ("search", "build", "run", "train")}
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
     print(
@@ -118,8 +118,8 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
     task = Task(dag.workload_key, dag, w.name)
     path = Path(args.records_dir) / f"{w.name}-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {args.trials} trials -> {path}")
-    sched = _tune([task], args.trials, threads, path, args.population, args.resume)
-    extra = _report_search(sched)
+    sched, prior_s = _tune([task], args.trials, threads, path, args.population, args.resume)
+    extra = _report_search(sched, prior_s)
     db = JSONLinesDatabase(path)
     acc = held_out_accuracy(task, list(db))
     if acc is not None:
@@ -181,9 +181,9 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
     flush = args.model_cache_flush
-    sched = _tune(tasks, args.model_trials, threads, path, args.population, args.resume, cache_flush=flush)
+    sched, prior_s = _tune(tasks, args.model_trials, threads, path, args.population, args.resume, cache_flush=flush)
     print("\n".join("    " + line for line in sched.table().splitlines()))
-    extra = _report_search(sched)
+    extra = _report_search(sched, prior_s)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
     medians, rel = timed["medians_s"], timed["max_rel_diff"]
     for system, sec in sorted(medians.items()):

@@ -39,6 +39,7 @@ from compiler.default_schedule import default_schedule
 from compiler.errors import IllegalStep, TilefarmError
 from compiler.lower import lower
 from compiler.records import TuningRecord
+from compiler.runtime import OPENMP_ENV
 from compiler.state import Step, apply_steps
 from compiler.target import Target
 from compiler.tasks import Task
@@ -413,9 +414,8 @@ class LocalRunner:
         child_in, parent_out = os.pipe()
         parent_in, child_out = os.pipe()
         env = dict(os.environ)
-        # what compiler.runtime and codegen set: sleeping idle OpenMP workers, short spin (a shared host's cores)
-        env.setdefault("OMP_WAIT_POLICY", "passive")
-        env.setdefault("GOMP_SPINCOUNT", "10000")
+        for k, v in OPENMP_ENV.items():  # what artifacts run with: a short spin, then idle workers sleep
+            env.setdefault(k, v)
         self._log_path = self._dir / "sandbox.log"  # its stderr: what an abort or a sanitizer printed
         with self._log_path.open("wb") as log:
             self._proc = subprocess.Popen(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import hashlib
 import heapq
 import multiprocessing
@@ -63,6 +64,11 @@ class Candidate:
         if self.decisions is None:
             return None
         return {"sketch": self.sketch_index, "decisions": self.decisions.to_json()}
+
+    @functools.cached_property
+    def program(self) -> str:
+        """program_identity of the state, lowered once: picking and recording a candidate both need it."""
+        return program_identity(self.state)
 
 
 @dataclass
@@ -169,12 +175,11 @@ class SearchPolicy:
         def take(c: Candidate) -> None:
             if c.key in picked or c.key in self.measured:
                 return
-            ident = program_identity(c.state)
-            if ident in programs or ident in self.measured_programs:
+            if c.program in programs or c.program in self.measured_programs:
                 self.stats.twins += 1
                 return
             picked[c.key] = c
-            programs.add(ident)
+            programs.add(c.program)
 
         for c in best:
             if len(picked) >= n - n_random:
@@ -263,7 +268,7 @@ class SearchPolicy:
                 continue
             self.measured[c.key] = cost
             self.measured_candidates.append((cost, c))
-            self.measured_programs.add(program_identity(c.state))
+            self.measured_programs.add(c.program)
 
     def features_of(self, c: Candidate) -> np.ndarray:
         return self.featurize([c])[0]
