@@ -23,6 +23,7 @@ from compiler import ops, te
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.lower import lower
+from compiler.passes import CONV_BLOCK, pack_conv_weight
 from compiler.state import State, initial_state
 
 
@@ -31,8 +32,17 @@ class Workload:
     name: str
     inputs: list[te.Tensor]
     output: te.Tensor
-    hand: Callable[[ComputeDAG], State]
+    hand: Callable[[ComputeDAG], State] | None
     onnx_node: Callable[[], tuple]  # -> (onnx node, input names, constant initializers)
+    # the inputs' shapes in the ONNX node's layout, and the map to the kernel's layout, where they differ
+    onnx_shapes: tuple[tuple[int, ...], ...] = ()
+    to_kernel: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
+
+    def arrays(self, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Random inputs in the ONNX layout (for onnxruntime and numpy) and the same values as the kernel takes them."""
+        rng = np.random.default_rng(seed)
+        ref = [rng.standard_normal(s).astype(np.float32) for s in self.onnx_shapes or [t.shape for t in self.inputs]]
+        return ref, self.to_kernel(ref) if self.to_kernel else ref
 
 
 def gemm(n: int) -> Workload:
@@ -40,20 +50,31 @@ def gemm(n: int) -> Workload:
     return Workload(f"gemm_{n}", [A, B], ops.matmul(A, B, name="C"), schedules.gemm, lambda: ("MatMul", {}, []))
 
 
+def _conv_node() -> tuple:
+    return "Conv", {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}, [1]
+
+
 def conv(c: int, hw: int) -> Workload:
     data = te.placeholder((1, c, hw, hw), name="data")
     weight = te.placeholder((c, c, 3, 3), name="weight")
     out = ops.conv2d_nchw(data, weight, stride=1, padding=1, name="conv")
-    return Workload(
-        f"conv2d_{c}x{hw}x{hw}_3x3",
-        [data, weight],
-        out,
-        schedules.conv2d,
-        lambda: ("Conv", {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}, [1]),
-    )
+    return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, schedules.conv2d, _conv_node)
+
+
+def blocked_conv(c: int, hw: int) -> Workload:
+    """The same layer as tilefarm compiles it inside a model, where the weight is a constant that the
+    block_conv_weights pass packs at compile time."""
+    data = te.placeholder((1, c, hw, hw), name="data")
+    weight = te.placeholder((c // CONV_BLOCK, c, 3, 3, CONV_BLOCK), name="weight")
+    out = ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")
+    shapes = ((1, c, hw, hw), (c, c, 3, 3))
+    pack = lambda a: [a[0], pack_conv_weight(a[1])]
+    return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack)
 
 
 WORKLOADS = [gemm(512), gemm(1024), conv(64, 56), conv(128, 28), conv(256, 14)]
+# what bench.tuning tunes: the conv layers in the form a model compiles them to
+TUNING_WORKLOADS = [gemm(512), gemm(1024), blocked_conv(64, 56), blocked_conv(128, 28), blocked_conv(256, 14)]
 
 
 def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
@@ -129,8 +150,7 @@ def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict])
     from threadpoolctl import threadpool_limits
 
     dag = ComputeDAG([*w.inputs, w.output])
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
+    _, arrays = w.arrays()
     out = np.zeros(w.output.shape, np.float32)
     kernels = {}
     for label, state in (("naive", initial_state(dag)), ("hand", w.hand(dag))):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import WORKLOADS, interleaved, onnx_session
+from bench.kernels import TUNING_WORKLOADS, interleaved, onnx_session
 from compiler.records import JSONLinesDatabase
 
 
@@ -34,15 +34,14 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     from compiler.lower import lower
     from compiler.state import apply_steps, step_from_record
 
-    w = next(w for w in WORKLOADS if w.name == name)
+    w = next(w for w in TUNING_WORKLOADS if w.name == name)
     dag = ComputeDAG([*w.inputs, w.output])
     db = JSONLinesDatabase(records)
     best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
     kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in w.inputs]
+    ref_arrays, arrays = w.arrays()
     out = np.zeros(w.output.shape, np.float32)
-    ort_fn = onnx_session(w, arrays, threads)
+    ort_fn = onnx_session(w, ref_arrays, threads)
     kernel(*arrays, out)
     ref = ort_fn()
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3, err_msg=f"tuned {name} is wrong")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import WORKLOADS, Workload
+from bench.kernels import TUNING_WORKLOADS, Workload
 from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     only = set(args.only.split(",")) if args.only else None
     rows: list[dict] = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        for w in WORKLOADS:
+        for w in TUNING_WORKLOADS:
             if only is None or w.name in only:
                 print(f"{w.name}:")
                 run_kernel(w, threads, args, rows)

@@ -14,15 +14,16 @@ from compiler import te
 from compiler.dag import ComputeDAG, at_own_index
 from compiler.simplify import linear
 from compiler.state import State, initial_state
+from compiler.target import Target
 from compiler.te import Load
 
-VECTOR_LANES = 16  # fp32 lanes of one AVX-512 register
-ACCUMULATORS = 16  # vector registers kept for accumulators (of 32)
 MIN_PARALLEL_WORK = 1 << 15  # waking a worker costs ~10 us: below this many loop iterations one thread is faster
 PARALLEL_MIN = 32  # fuse outer loops until this many parallel iterations (16 x cores, as Ansor does)
 
 
-def default_schedule(dag: ComputeDAG) -> State:
+def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
+    """The rule-based schedule of `dag` for `target` (default: this host)."""
+    lanes, accumulators = _registers(target or Target.host())
     s = initial_state(dag)
     s = _inline(s)
     tiled: set[str] = set()
@@ -30,13 +31,20 @@ def default_schedule(dag: ComputeDAG) -> State:
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
             continue
         if stage.op.reduce_axes and dag.needs_multi_level_tiling(stage.name):
-            s, done = _tile_anchor(s, stage.name)
+            s, done = _tile_anchor(s, stage.name, lanes, accumulators)
             tiled |= done
     for stage in s.stages:
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
             continue
         s = _reduction(s, stage.name) if stage.op.reduce_axes else _elementwise(s, stage.name)
     return s
+
+
+def _registers(target: Target) -> tuple[int, int]:
+    """fp32 lanes of one vector register, and how many vector registers hold accumulators: 16 of AVX-512's 32,
+    10 of AVX2's 16 (the rest keep the loaded and broadcast operands)."""
+    lanes = max(1, target.vector_bytes // 4)
+    return lanes, 16 if target.vector_bytes >= 64 else 10
 
 
 def _inline(s: State) -> State:
@@ -57,13 +65,15 @@ def _divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def _lanes(extent: int, limit: int = VECTOR_LANES) -> int:
+def _lanes(extent: int, limit: int = 16) -> int:
     lanes = _divisor(extent, limit)
     return extent if lanes < 4 and extent <= limit else lanes
 
 
-def _tile_anchor(s: State, name: str) -> tuple[State, set[str]]:
-    """Register-block a reduction with reuse: cache_write (or its elementwise consumer) holds the output tile."""
+def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[State, set[str]]:
+    """Register-block a reduction with reuse: cache_write (or its elementwise consumer) holds the output tile. The
+    tile is `accumulators` vectors of `vector` lanes; a stage whose consumer reads it elsewhere than at its own
+    index (the NCHW copy of a blocked conv) keeps its own local tile."""
     dag = s.dag
     op = s.stage(name).op
     axes = list(op.axes)
@@ -76,18 +86,16 @@ def _tile_anchor(s: State, name: str) -> tuple[State, set[str]]:
     if out is not None and (s.stage(out).compute_at != "root" or dag.is_output(name)):
         out = None  # an output is computed at root, so it cannot live inside its consumer's tile
     if out is None:
-        if not dag.is_output(name):
-            return _reduction(s, name), {name}
         s = s.cache_write(name)
         local, out = f"{name}.local", name
     else:
         local = name
     v = max(i for i, a in enumerate(axes) if a.extent > 1)
-    wide = axes[v].extent % (2 * VECTOR_LANES) == 0 and axes[v].extent >= 4 * VECTOR_LANES
-    lanes = 2 * VECTOR_LANES if wide else _lanes(axes[v].extent)
+    wide = axes[v].extent % (2 * vector) == 0 and axes[v].extent >= 4 * vector
+    lanes = 2 * vector if wide else _lanes(axes[v].extent, max(vector, 8))
     b = _block_axis(s, local, v)
-    vectors = -(-lanes // VECTOR_LANES)
-    block = _divisor(axes[b].extent, max(1, ACCUMULATORS // vectors)) if b is not None else 1
+    vectors = -(-lanes // vector)
+    block = _divisor(axes[b].extent, max(1, accumulators // vectors)) if b is not None else 1
     # the output tile loops: outer axes, then the tile of accumulators (the output stage's axes match by position)
     onames = [a.name for a in s.stage(out).op.axes]
     ov, ob = onames[v], onames[b] if b is not None else None

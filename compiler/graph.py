@@ -1,6 +1,7 @@
 """Graph IR: typed values, nodes in topological order, constants as numpy arrays, a text printer.
 
-Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`).
+Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`,
+`BlockedConv`).
 The frontend normalizes every node so that later stages never look at ONNX again:
 
 - attributes are ONNX's, with every default filled in and spelled out as plain Python values (ints, floats,
@@ -43,6 +44,8 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
   have only their first output;
 - Constant, ConstantOfShape, Shape, Size and Range never appear: they are folded into constants at import;
 - `Dense` (made by passes): inputs X (M x K), W (N x K) and an optional bias (N,); no attributes (Gemm with transB=1).
+- `BlockedConv` (made by passes): a 2-D Conv with group 1 whose weight is laid out F/b x C x KH x KW x b (b output
+  channels innermost); Conv's other inputs and attributes.
 """
 
 from __future__ import annotations

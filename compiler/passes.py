@@ -22,7 +22,7 @@ _UNARY = (
 _BINARY = "Add Sub Mul Div Pow Max Min Equal Less Greater LessOrEqual GreaterOrEqual Where And Or Mod PRelu Sum Mean"
 _INJECTIVE = "Reshape Flatten Transpose Concat Split Slice Squeeze Unsqueeze Gather Expand Tile Pad Resize"
 _REDUCE = "ReduceMean ReduceSum ReduceMax ReduceMin"
-_ANCHOR = "Conv ConvTranspose MatMul Gemm Dense MaxPool AveragePool GlobalAveragePool GlobalMaxPool"
+_ANCHOR = "Conv BlockedConv ConvTranspose MatMul Gemm Dense MaxPool AveragePool GlobalAveragePool GlobalMaxPool"
 PATTERNS: dict[str, int] = {
     **dict.fromkeys(_UNARY.split(), ELEMWISE),
     **dict.fromkeys(_BINARY.split(), BROADCAST),
@@ -129,10 +129,36 @@ def gemm_to_matmul(g: Graph) -> Graph:
     return Graph(g.inputs, g.outputs, toposort(nodes), g.name)
 
 
+CONV_BLOCK = 16  # output channels per weight block: one AVX-512 vector of fp32, two AVX2 ones
+
+
+def pack_conv_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """An F x C x KH x KW conv weight laid out F/block x C x KH x KW x block."""
+    F, C, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
+def block_conv_weights(g: Graph) -> Graph:
+    """A 2-D Conv (one group) with a constant weight whose output channels divide into CONV_BLOCK blocks becomes a
+    BlockedConv with the weight laid out F/16 x C x KH x KW x 16 at compile time, so its kernel vectorizes over
+    output channels (compiler.ops.nn.conv2d_nchw_blocked)."""
+    nodes = []
+    for n in g.nodes:
+        w = n.inputs[1] if n.op == "Conv" else None
+        if w is None or w.const is None or len(w.shape) != 4 or n.attrs.get("group", 1) != 1 or w.shape[0] % CONV_BLOCK:
+            nodes.append(n)
+            continue
+        packed = pack_conv_weight(w.const)
+        blocked = Value(f"{w.name}_blocked", TensorType(packed.shape, w.dtype), packed)
+        nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:])))
+    return Graph(g.inputs, g.outputs, nodes, g.name)
+
+
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("remove_identity", remove_identity),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
+    ("block_conv_weights", block_conv_weights),
 ]
 
 

@@ -29,6 +29,7 @@ from compiler.target import Target
 from compiler.tasks import Task
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
+WARMUP_MIN = 16  # the smallest first round of a task
 
 
 @dataclass
@@ -156,7 +157,7 @@ class TaskScheduler:
             # warm-up: every task not yet measured gets a round (the default schedule joins its first batch)
             for i, p in enumerate(self.progress):
                 if p.trials == 0 and not self._out_of_budget(start):
-                    self._round(i, with_default=True)
+                    self._round(i, with_default=True, size=self._warmup_size(p))
             while not self._out_of_budget(start):
                 live = [i for i, p in enumerate(self.progress) if not p.done]
                 if not live:
@@ -200,9 +201,18 @@ class TaskScheduler:
         tag = _similarity_tag(p.task)
         return [q for q in self.progress if _similarity_tag(q.task) == tag]
 
-    def _round(self, i: int, with_default: bool = False) -> None:
+    def _warmup_size(self, p: TaskProgress) -> int:
+        """Ansor's warm-up measures a full round of every task. Here a task's first round shrinks with its share of
+        the model's weighted FLOPs (down to WARMUP_MIN), so pooling, adds and 1x1 downsampling do not spend a
+        model's budget before the gradient rule can send it where the time is."""
+        per_round = self.options.measures_per_round
+        work = max(q.task.weight * q.task.flop_count for q in self.progress)
+        share = p.task.weight * p.task.flop_count / work if work else 1.0
+        return max(min(WARMUP_MIN, per_round), min(per_round, math.ceil(per_round * share)))
+
+    def _round(self, i: int, with_default: bool = False, size: int | None = None) -> None:
         p = self.progress[i]
-        n = min(self.options.measures_per_round, self.options.trials - self.stats.trials)
+        n = min(size or self.options.measures_per_round, self.options.trials - self.stats.trials)
         if n <= 0:
             return
         t0 = time.perf_counter()

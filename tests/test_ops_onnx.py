@@ -26,6 +26,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.lower import lower
+from compiler.passes import pack_conv_weight
 from compiler.state import initial_state
 
 RNG = np.random.default_rng(0)
@@ -365,6 +366,19 @@ def nn_cases() -> list[Case]:
         Case("Dense", [f32(4, 6), f32(5, 6)], tol=REDUCTION, reference=dense_ref),
         Case("Dense", [f32(4, 6), f32(5, 6), f32(5)], tol=REDUCTION, reference=dense_ref),
     ]
+    # BlockedConv (made by passes): the weight packed F/16 x C x KH x KW x 16; Conv's attributes
+    def blocked_ref(x, w, b=None, stride=1, padding=0, dilation=1):
+        unpacked = w.transpose(0, 4, 1, 2, 3).reshape(-1, *w.shape[1:4])
+        out = ops.reference_conv2d(x, unpacked, stride, padding, dilation)
+        return [out + (0 if b is None else b[None, :, None, None])]
+
+    w1, w2 = pack_conv_weight(f32(32, 3, 3, 3)), pack_conv_weight(f32(16, 4, 3, 2))
+    cases += [
+        Case("BlockedConv", [f32(1, 3, 7, 9), w1, f32(32)], conv((3, 3), (2, 2), (1, 0, 2, 1)), tol=REDUCTION,
+             reference=lambda x, w, b: blocked_ref(x, w, b, (2, 2), (1, 0, 2, 1))),
+        Case("BlockedConv", [f32(2, 4, 9, 8), w2], conv((3, 2), pads=(2, 1, 2, 1), dil=(2, 1)), tol=REDUCTION,
+             reference=lambda x, w: blocked_ref(x, w, None, 1, (2, 1, 2, 1), (2, 1))),
+    ]  # fmt: skip
     for axis in (0, 1, 2):
         cases.append(Case("Softmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=TRANSCENDENTAL))
         cases.append(Case("LogSoftmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=REDUCTION))

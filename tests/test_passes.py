@@ -7,6 +7,8 @@ import numpy as np
 from compiler.graph import Graph, Node, TensorType, Value
 from compiler.passes import (
     ANCHOR,
+    CONV_BLOCK,
+    block_conv_weights,
     fold_batchnorm,
     fuse,
     gemm_to_matmul,
@@ -20,12 +22,12 @@ def val(name, shape, const=None, dtype="float32"):
     return Value(name, TensorType(tuple(shape), dtype), const)
 
 
-def conv_graph(rng, with_bn=True):
-    x = val("x", (1, 3, 8, 8))
-    w = val("w", (4, 3, 3, 3), rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
-    b = val("b", (4,), rng.standard_normal(4).astype(np.float32))
-    c, y, r = val("c", (1, 4, 8, 8)), val("y", (1, 4, 8, 8)), val("r", (1, 4, 8, 8))
-    conv_attrs = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1, "kernel_shape": [3, 3]}
+def conv_graph(rng, with_bn=True, f=4, group=1):
+    x = val("x", (1, 3 * group, 8, 8))
+    w = val("w", (f, 3, 3, 3), rng.standard_normal((f, 3, 3, 3)).astype(np.float32))
+    b = val("b", (f,), rng.standard_normal(f).astype(np.float32))
+    c, y, r = val("c", (1, f, 8, 8)), val("y", (1, f, 8, 8)), val("r", (1, f, 8, 8))
+    conv_attrs = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": group, "kernel_shape": [3, 3]}
     nodes = [Node("Conv", (x, w, b), (c,), conv_attrs, "conv")]
     if with_bn:
         stats = [val(n, (4,), rng.random(4).astype(np.float32) + 0.5) for n in ("scale", "shift", "mean", "var")]
@@ -125,3 +127,18 @@ def test_memory_plan_reuses_dead_buffers():
     assert set(offsets) == {id(v) for v in vals[1:4]}
     assert size == 2 * 1024  # a chain needs two live buffers at a time, not three
     assert offsets[id(vals[1])] == offsets[id(vals[3])]
+
+
+def test_block_conv_weights_packs_output_channel_blocks():
+    rng = np.random.default_rng(3)
+    g = conv_graph(rng, with_bn=False, f=2 * CONV_BLOCK)
+    blocked = block_conv_weights(g)
+    conv = blocked.nodes[0]
+    assert conv.op == "BlockedConv" and conv.attrs == g.nodes[0].attrs and conv.inputs[2] is g.nodes[0].inputs[2]
+    w, packed = g.nodes[0].inputs[1].const, conv.inputs[1].const
+    assert packed.shape == (2, 3, 3, 3, CONV_BLOCK) and packed.flags.c_contiguous
+    for f in (0, 5, CONV_BLOCK + 3):  # output channel f is element f % 16 of block f // 16
+        np.testing.assert_array_equal(packed[f // CONV_BLOCK, ..., f % CONV_BLOCK], w[f])
+    # output channels that do not fill blocks, and grouped convs, stay Conv
+    for kept in (conv_graph(rng, with_bn=False, f=CONV_BLOCK + 4), conv_graph(rng, with_bn=False, f=32, group=2)):
+        assert [n.op for n in block_conv_weights(kept).nodes] == ["Conv", "Relu"]

@@ -217,3 +217,15 @@ def test_gradient_copes_with_tasks_that_count_no_flops(tmp_path):
     p = sched.progress[0]
     p.best, p.rounds, p.history = 1e-6, 2, [2e-6, 1e-6]
     assert sched._gradient(0) <= 0 and sched._pick([0]) == 0
+
+
+def test_warm_up_round_shrinks_with_the_task_share_of_the_model_flops(tmp_path):
+    a, b = te.placeholder((8, 8), name="A"), te.placeholder((8, 8), name="B")
+    small = ComputeDAG([a, b, ops.matmul(a, b, name="C")])  # 1/512 of TASK's FLOPs
+    tasks = [TASK, Task(small.workload_key, small, "matmul8", weight=64)]  # 1/8 of the weighted FLOPs
+    sched = TaskScheduler(
+        tasks, JSONLinesDatabase(tmp_path / "r.jsonl"), TuneOptions(measures_per_round=64), builder=..., runner=...
+    )
+    assert [sched._warmup_size(p) for p in sched.progress] == [64, 16]
+    tasks[1].weight = 256  # half
+    assert [sched._warmup_size(p) for p in sched.progress] == [64, 32]

@@ -55,6 +55,19 @@ def pad(
     return te.compute(shape, body, name=name, tag="injective,pad")
 
 
+def _window(op: str, data: te.Tensor, kernel: tuple[int, int], stride: Pair, padding: Pair, dilation: Pair, name: str):
+    """A 2-D convolution's padded input (its own stage, as in TVM, so the scheduler decides whether to inline it),
+    output extents, strides and dilations."""
+    sh, sw = _pair(op, "stride", stride, 1)
+    dh, dw = _pair(op, "dilation", dilation, 1)
+    pt, pl, pb, pr = _padding(op, padding)
+    (H, W), (KH, KW) = data.shape[2:], kernel
+    OH = _out_extent(op, "height", H, pt + pb, KH, dh, sh)
+    OW = _out_extent(op, "width", W, pl + pr, KW, dw, sw)
+    src = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad") if pt or pl or pb or pr else data
+    return src, (OH, OW), (sh, sw), (dh, dw)
+
+
 def conv2d_nchw(
     data: te.Tensor,
     weight: te.Tensor,
@@ -69,10 +82,7 @@ def conv2d_nchw(
     _rank(op, data, 4, "data")
     _rank(op, weight, 4, "weight")
     _same_dtype(op, data, weight)
-    (N, C, H, W), (F, Cg, KH, KW) = data.shape, weight.shape
-    sh, sw = _pair(op, "stride", stride, 1)
-    dh, dw = _pair(op, "dilation", dilation, 1)
-    pt, pl, pb, pr = _padding(op, padding)
+    (N, C), (F, Cg, KH, KW) = data.shape[:2], weight.shape
     if not isinstance(groups, int) or groups < 1 or C % groups or F % groups:
         raise InvalidExpr(
             f"{op}: groups={groups} must be a positive int dividing both the input channels ({C})"
@@ -83,10 +93,7 @@ def conv2d_nchw(
             f"{op}: weight {_dims(weight)} has {Cg} input channels per group, but data has {C}"
             f" channels in {groups} group(s), so it needs {C // groups}"
         )
-    OH = _out_extent(op, "height", H, pt + pb, KH, dh, sh)
-    OW = _out_extent(op, "width", W, pl + pr, KW, dw, sw)
-    # padding is its own stage, as in TVM, so the scheduler decides whether to inline it
-    src = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad") if pt or pl or pb or pr else data
+    src, (OH, OW), (sh, sw), (dh, dw) = _window(op, data, (KH, KW), stride, padding, dilation, name)
     ry, rx = te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
 
     if groups == C and groups > 1:
@@ -116,6 +123,41 @@ def conv2d_nchw(
         ),
         name=name,
         tag="conv2d_nchw" if groups == 1 else "group_conv2d_nchw",
+    )
+
+
+def conv2d_nchw_blocked(
+    data: te.Tensor,
+    weight: te.Tensor,
+    stride: Pair = 1,
+    padding: Pair = 0,
+    dilation: Pair = 1,
+    name: str = "conv2d",
+) -> te.Tensor:
+    """conv2d_nchw (groups 1) with the weight laid out F/b x C x KH x KW x b: b output channels innermost, as the
+    `block_conv_weights` pass packs it once at compile time. The reduction computes N x F/b x OH x OW x b, so its
+    innermost axis is b channels that vector loads of the weight serve whatever the image width (a 7-wide row fills
+    a vector only partly); a copy puts the result back in NCHW (onnxruntime's NCHWc idea inside one kernel)."""
+    op = "conv2d_nchw_blocked"
+    _rank(op, data, 4, "data")
+    _rank(op, weight, 5, "weight")
+    _same_dtype(op, data, weight)
+    (N, C), (Fb, Cw, KH, KW, b) = data.shape[:2], weight.shape
+    if Cw != C:
+        raise InvalidExpr(f"{op}: weight {_dims(weight)} has {Cw} input channels, but data {_dims(data)} has {C}")
+    src, (OH, OW), (sh, sw), (dh, dw) = _window(op, data, (KH, KW), stride, padding, dilation, name)
+    rc, ry, rx = te.reduce_axis(C, "rc"), te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
+    blocked = te.compute(
+        (N, Fb, OH, OW, b),
+        lambda n, fo, y, x, fi: te.sum(
+            src[n, rc, _scale(y, sh) + _scale(ry, dh), _scale(x, sw) + _scale(rx, dw)] * weight[fo, rc, ry, rx, fi],
+            axis=[rc, ry, rx],
+        ),
+        name=name,
+        tag="conv2d_nchw_blocked",
+    )
+    return te.compute(
+        (N, Fb * b, OH, OW), lambda n, f, y, x: blocked[n, f // b, y, x, f % b], name=f"{name}_nchw", tag="injective"
     )
 
 
@@ -280,6 +322,18 @@ def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [_with_bias(out, bias, name)]
 
 
+def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """tilefarm's BlockedConv (made by passes from a 2-D Conv with a constant weight): Conv's inputs and attributes,
+    the weight packed F/b x C x KH x KW x b."""
+    x, w = _input("BlockedConv", ins, 0, "X"), _input("BlockedConv", ins, 1, "W")
+    bias = ins[2] if len(ins) > 2 else None
+    _dtype_in("BlockedConv", x, FLOATS)
+    strides, pads = attrs.get("strides") or (1, 1), attrs.get("pads") or (0, 0, 0, 0)
+    conv_name = name if bias is None else f"{name}_conv"
+    out = conv2d_nchw_blocked(x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name)
+    return [_with_bias(out, bias, name)]
+
+
 def _upsample_source(i: te.Expr, before: int, n: int, stride: int) -> tuple[te.Expr, list[te.Expr]]:
     """Index and in-bounds conditions of output index `i` of a zero-upsampled (by `stride`), padded dim."""
     s = i - before if before else i
@@ -412,6 +466,7 @@ def average_pool(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 NN_OPS = {
     "Conv": conv,
+    "BlockedConv": blocked_conv,
     "ConvTranspose": conv_transpose,
     "MaxPool": max_pool,
     "AveragePool": average_pool,
