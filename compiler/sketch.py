@@ -121,9 +121,14 @@ def fusible_consumer(state: State, name: str) -> str | None:
     return c.name
 
 
+PACK_MIN_ROW = 17  # elements: an input whose rows are shorter is laid out as contiguous panels already
+
+
 def packable_input(state: State, name: str) -> str | None:
     """The input read with the stage's innermost spatial axis as its innermost index and reused across another
-    spatial axis (it misses one): what a packed panel serves. Copies are never packed again."""
+    spatial axis (it misses one): what a packed panel serves. Copies are never packed again, nor inputs whose rows
+    are at most a vector block long (a blocked conv's weight, F/16 x C x KH x KW x 16): their panels are contiguous
+    already, and in tuning runs of blocked convs the packed sketches took a fifth of the trials and never won."""
     op = state.stage(name).op
     inner = op.axes[-1].name if op.axes else None
     for ld in te.loads(op.body):
@@ -132,7 +137,8 @@ def packable_input(state: State, name: str) -> str | None:
         last = ld.indices[-1]
         used = set().union(*(te.free_vars(i) for i in ld.indices))
         if isinstance(last, te.Var) and last.name == inner and any(a.name not in used for a in op.axes):
-            if state.stage(ld.buffer).op.is_placeholder:
+            src = state.stage(ld.buffer).op
+            if src.is_placeholder and src.shape[-1] >= PACK_MIN_ROW:
                 return ld.buffer
     return None
 

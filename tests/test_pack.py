@@ -39,6 +39,10 @@ def test_only_the_input_walked_along_the_innermost_axis_is_packed():
     conv = ComputeDAG([ops.conv2d_nchw(x, w, padding=1, name="conv")])
     assert packable_input(initial_state(conv), "conv") is None  # x[.., y+ry, x+rx], w[.., rx]
     assert not any(r.startswith("pack") for s in generate_sketches(conv) for r in s.rules)
+    # a blocked conv walks its weight's 16-wide last dim innermost, but those rows are contiguous panels already
+    wb = te.placeholder((1, 8, 3, 3, 16), "float32", "wb")
+    blocked = ComputeDAG([x, wb, ops.conv2d_nchw_blocked(x, wb, padding=1, name="conv")])
+    assert packable_input(initial_state(blocked), "conv") is None
 
 
 def test_packed_programs_compute_the_product_wherever_the_copy_goes():

@@ -226,8 +226,10 @@ def test_the_pack_rule_adds_packed_variants_of_the_cache_write_sketches():
         default = [s.rules for s in sketches(name, pack=True)]
         packed = [r for r in default if any(x.startswith("pack(") for x in r)]
         assert sorted(r for r in default if r not in packed) == sorted(ansor)
+        # B of the 2 x 512 . 512 x 2 matmul has rows of 2 elements: contiguous panels already, never packed
+        wide = name != "matmul_small_space"
         assert [tuple(x for x in r if not x.startswith("pack(")) for r in packed] == [
-            r for r in ansor if r and r[0].startswith("cache_write(")
+            r for r in ansor if wide and r and r[0].startswith("cache_write(")
         ]
         assert all(r[1] == "pack(B for C.local)" for r in packed)
 
