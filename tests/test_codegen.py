@@ -376,6 +376,25 @@ def test_unrolled_accumulation_in_local_buffer():
     np.testing.assert_allclose(b, a.sum(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("width", [7, 14])
+def test_padded_rows_of_odd_width_into_a_local_buffer(width):
+    # a 7-wide conv's padded input computed inside a tile: rows of width + 2 lanes (9: not a power of two) read
+    # under a mask that is off at both ends. LLVM 22 lowered the unrolled <9 x float> masked loads on AVX2 so that
+    # lane 8 read the next row's first element; codegen now loads the next power of two with those lanes masked off
+    rows, w = 3, width + 2
+    A, B = Buffer("A", "float32", (rows, width)), Buffer("B", "float32", (rows, w))
+    P, S = Buffer("P", "float32", (rows, w)), Buffer("S", "int32", (1,))
+    row_ok = Binary("ge", ld(S, c(0)), c(0))  # uniform across the lanes, known only at run time (a conv's row test)
+    inside = Binary("and", Binary("and", row_ok, Binary("ge", j, c(1))), Binary("lt", j, c(width + 1)))
+    padded = Select(inside, ld(A, i * c(width) + j - c(1)), Const(0.0, "float32"))
+    body = Allocate(P, seq(
+        For(i, rows, "unrolled", For(j, w, "vectorized", Store("P", i * c(w) + j, padded))),
+        For(i, rows * w, "vectorized", Store("B", i, ld(P, i)))))
+    a, b = data("float32", (rows, width)), np.full((rows, w), 7, np.float32)
+    kernel(A, S, B, body=body)(a, np.ones(1, np.int32), b)
+    np.testing.assert_array_equal(b, np.pad(a, ((0, 0), (1, 1))))
+
+
 @pytest.mark.parametrize("size", [100, 40_000])  # 400 B on the stack, 160 KB on the heap
 def test_allocate_small_and_large(size):
     A, B = Buffer("A", "float32", (size,)), Buffer("B", "float32", (size,))

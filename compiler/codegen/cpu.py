@@ -451,9 +451,7 @@ class _FnEmitter:
             vty = ir.VectorType(elem, lanes.width)
             if self.mask is None:
                 return self.from_memory(self.b.load(addr, typ=vty, align=align), dtype)
-            fn = self.mod.intrinsic("llvm.masked.load", vty, [PTR, I32, self.mask.type, vty], [vty, PTR])
-            return self.from_memory(self.b.call(fn, [addr, ir.Constant(I32, align), self.mask, ir.Constant(vty, None)]),
-                                    dtype)
+            return self.from_memory(self.masked_load(addr, vty, align, self.mask), dtype)
         step = coeff(idx, lanes.var) if lanes is not None and uses(idx, lanes.var) else None
         if step is not None and 2 <= step <= MAX_LOAD_STRIDE and lanes.width * step <= MAX_LANES:
             return self.from_memory(self.strided_load(ptr, elem, align, idx, step), dtype)
@@ -467,6 +465,23 @@ class _FnEmitter:
         mask = self.lane_mask()
         fn = self.mod.intrinsic("llvm.masked.gather", vty, [addrs.type, I32, mask.type, vty], [vty, addrs.type])
         return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, ir.Constant(vty, None)]), dtype)
+
+    def masked_load(self, addr: ir.Value, vty: ir.VectorType, align: int, mask: ir.Value) -> ir.Value:
+        """llvm.masked.load, zero in inactive lanes. A lane count that is not a power of two is loaded as the next
+        power of two with the extra lanes masked off, then narrowed: LLVM 22's x86 lowering of an odd-width masked
+        load (<9 x float> on AVX2, as a 7-wide conv's padded row is) can read a lane whose mask is off once
+        neighbouring loads are combined (tests/test_codegen.py has the case)."""
+        n = vty.count
+        wide_n = 1 << (n - 1).bit_length()
+        wty = ir.VectorType(vty.element, wide_n)
+        if wide_n != n:
+            pick = ir.Constant(ir.VectorType(I32, wide_n), [*range(n), *[n] * (wide_n - n)])  # lane n: all off
+            mask = self.b.shuffle_vector(mask, ir.Constant(mask.type, None), pick)
+        fn = self.mod.intrinsic("llvm.masked.load", wty, [PTR, I32, mask.type, wty], [wty, PTR])
+        v = self.b.call(fn, [addr, ir.Constant(I32, align), mask, ir.Constant(wty, None)])
+        if wide_n == n:
+            return v
+        return self.b.shuffle_vector(v, ir.Constant(wty, None), ir.Constant(ir.VectorType(I32, n), list(range(n))))
 
     def strided_load(self, ptr: ir.Value, elem: ir.Type, align: int, idx: Expr, step: int) -> ir.Value:
         """Lanes that read every `step`-th element (stride-2 convolutions, pooling): one masked load of the
@@ -482,8 +497,7 @@ class _FnEmitter:
                                                        [j // step for j in range(width * step)]))
             mask = self.b.and_(mask, spread)
         addr = self.b.gep(ptr, [self.index_at_start(idx)], source_etype=elem)
-        fn = self.mod.intrinsic("llvm.masked.load", wide, [PTR, I32, mask.type, wide], [wide, PTR])
-        span = self.b.call(fn, [addr, ir.Constant(I32, align), mask, ir.Constant(wide, None)])
+        span = self.masked_load(addr, wide, align, mask)
         pick = ir.Constant(ir.VectorType(I32, width), [j * step for j in range(width)])
         return self.b.shuffle_vector(span, ir.Constant(wide, None), pick)
 
