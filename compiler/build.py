@@ -21,8 +21,8 @@ from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
 from compiler.passes import Group, plan_memory
-from compiler.records import Database
-from compiler.state import apply_steps, step_from_record
+from compiler.records import Database, TuningRecord
+from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import Call, Task, extract_tasks
 
@@ -129,29 +129,41 @@ def target_name(target: Target) -> str:
     return f"llvm -mcpu={target.mcpu}"
 
 
+REPLAY_CANDIDATES = 8  # the fastest records of a task that compile tries, in order, until one replays
+
+
+def first_replaying(task: Task, records: list[TuningRecord]) -> tuple[TuningRecord, State] | None:
+    """The first record (and its State) that replays on the task's DAG: one from another tilefarm version may
+    no longer replay, and the next is taken."""
+    for rec in records[:REPLAY_CANDIDATES]:
+        try:
+            return rec, apply_steps(task.dag, [step_from_record(r) for r in rec.steps])
+        except TilefarmError:
+            continue
+    return None
+
+
 def schedule_tasks(tasks: list[Task], database: Database | None, target: Target) -> tuple[list, dict[str, dict]]:
     """The best record per task when the database has one that replays, else the default schedule; returns the
     States and, per task key, the record used."""
     states, used = [], {}
     for t in tasks:
-        state = None
-        candidates = (
-            database.best(t.key, target_name(target), target.fingerprint(), k=8) if database is not None else []
-        )
-        for rec in candidates:
-            try:
-                state = apply_steps(t.dag, [step_from_record(r) for r in rec.steps])
-            except TilefarmError:
-                continue  # a record from another tilefarm version may no longer replay: fall back
-            used[t.key] = {
-                "workload_key": t.key,
-                "host": rec.host,
-                "mean_seconds": rec.mean_cost,
-                "timestamp": rec.timestamp,
-                "version": rec.version,
-            }
-            break
-        states.append(state or default_schedule(t.dag))
+        found = None
+        if database is not None:
+            best = database.best(t.key, target_name(target), target.fingerprint(), k=REPLAY_CANDIDATES)
+            found = first_replaying(t, best)
+        if found is None:
+            states.append(default_schedule(t.dag))
+            continue
+        rec, state = found
+        used[t.key] = {
+            "workload_key": t.key,
+            "host": rec.host,
+            "mean_seconds": rec.mean_cost,
+            "timestamp": rec.timestamp,
+            "version": rec.version,
+        }
+        states.append(state)
     return states, used
 
 

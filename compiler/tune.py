@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler.annotate import program_key
-from compiler.build import target_name
+from compiler.build import first_replaying, target_name
 from compiler.cost_model import CostModel, XGBModel
 from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
@@ -299,6 +299,34 @@ def _similarity_tag(task: Task) -> tuple:
     return tags, int(math.log(task.flop_count + 1, 1.618))
 
 
+TRIALS_PER_TASK = 800  # measured programs after which `inspect` counts a task as tuned (TVM advises ~800 per task)
+
+
+@dataclass(frozen=True)
+class TaskCoverage:
+    """What a database already holds for one task on one target and host."""
+
+    task: Task
+    valid: int  # error-free records for this target and host, counted up to the per-task budget
+    best: TuningRecord | None  # the fastest of them that still replays (the one compile would apply)
+    trials_needed: int  # the per-task budget minus `valid`: 0 once the task has that many
+
+
+def coverage(
+    tasks: list[Task], database: Database, target: Target | None = None, trials_per_task: int = TRIALS_PER_TASK
+) -> list[TaskCoverage]:
+    """Per task, the database's records valid here: error-free, for this target and measured on a host with this
+    fingerprint (timings from another machine class do not count), and the trials still needed by the rule
+    max(0, trials_per_task - valid records)."""
+    target = target or Target.host()
+    out = []
+    for t in tasks:
+        found = database.best(t.key, target_name(target), target.fingerprint(), k=trials_per_task)
+        best = first_replaying(t, found)  # the record compile would apply
+        out.append(TaskCoverage(t, len(found), best[0] if best else None, max(0, trials_per_task - len(found))))
+    return out
+
+
 def tune(
     tasks: list[Task],
     database: Database,
@@ -314,4 +342,13 @@ def tune(
     return sched
 
 
-__all__ = ["TaskScheduler", "TaskProgress", "TuneOptions", "TuneStats", "tune", "TuningRecord"]
+__all__ = [
+    "TaskScheduler",
+    "TaskProgress",
+    "TaskCoverage",
+    "TuneOptions",
+    "TuneStats",
+    "coverage",
+    "tune",
+    "TuningRecord",
+]

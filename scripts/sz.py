@@ -6,7 +6,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("compiler", "tilefarm", "bench", "tests")
+PACKAGES = ("compiler", "tilefarm", "server", "migrations", "bench", "tests")
 LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
           tokenize.ENDMARKER}  # fmt: skip
 

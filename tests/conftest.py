@@ -1,11 +1,85 @@
-"""Per-op report of the ONNX conformance suite (tests/test_conformance.py), printed after the run.
+"""Shared fixtures and the per-op report of the ONNX conformance suite.
 
-Each conformance test records its ONNX op types with `record_property`; user_properties travel with the report
-from xdist workers to the controller, so the table is built from reports, never from worker state."""
+Databases: `url` is an empty records database, once on SQLite and once on the real PostgreSQL at 127.0.0.1:5432
+(skipped loudly when none is reachable, failed when .ci/run said it is up); `new_url()` makes more of the same kind.
+
+Conformance: each conformance test (tests/test_conformance.py) records its ONNX op types with `record_property`;
+user_properties travel with the report from xdist workers to the controller, so the table printed after the run is
+built from reports, never from worker state."""
 
 from __future__ import annotations
 
 import collections
+import itertools
+import os
+import secrets
+import warnings
+
+import pytest
+
+PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    import psycopg
+
+    try:
+        admin = psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True)
+    except psycopg.OperationalError as e:
+        reason = f"NO POSTGRESQL at {PG_SERVER} ({e}); .ci/run starts one: the PostgreSQL cases did not run"
+        if os.environ.get("TILEFARM_REQUIRE_POSTGRESQL"):  # set by .ci/run, which made sure it is up
+            pytest.fail(reason)
+        warnings.warn(reason, stacklevel=1)  # in the warnings summary, where -q still shows it
+        pytest.skip(reason)
+    name = f"tilefarm_test_{secrets.token_hex(6)}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def fresh_schema(database: str) -> str:
+    """The URL of a new, empty schema (search_path) in a PostgreSQL database."""
+    import psycopg
+
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(database.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{database}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def pg_url(pg_database):
+    """An empty schema in the session's PostgreSQL database (for cases only PostgreSQL has)."""
+    return fresh_schema(pg_database)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_url(request, tmp_path):
+    """Makes empty databases: each call a new SQLite file, or a new schema in the session's PostgreSQL database."""
+    n = itertools.count()
+    if request.param == "sqlite":
+        return lambda: f"sqlite:///{tmp_path / f'records{next(n)}.db'}"
+    database = request.getfixturevalue("pg_database")
+    return lambda: fresh_schema(database)
+
+
+@pytest.fixture
+def url(new_url):
+    return new_url()
+
+
+@pytest.fixture
+def db(url):
+    from server.database import SQLDatabase
+
+    with SQLDatabase(url, upgrade_schema=True) as d:
+        yield d
+
 
 OUTCOMES = ("passed", "failed", "skipped")
 _by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

@@ -114,24 +114,33 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
     from compiler.build import build
 
-    if args.target not in ("llvm", "cpu", "host"):
-        raise SystemExit(f"error: target {args.target!r} is not supported yet; use 'llvm' (this host's CPU)")
+    _check_target(args.target)
     t = time.perf_counter()
     graph = _load_model(args.model, args.input_shapes)
     name = Path(args.output).stem.replace("-", "_") or "model"
-    records = None
-    if args.records:
-        from compiler.records import JSONLinesDatabase
-
-        if not Path(args.records).exists():
-            raise SystemExit(f"error: no such records file: {args.records}")
-        records = JSONLinesDatabase(args.records)
-    info = build(graph, args.output, name=name, records=records)
+    info = build(graph, args.output, name=name, records=_records_source(args))
     print(
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
         f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
     )
     return 0
+
+
+def _check_target(target: str) -> Target:
+    if target not in ("llvm", "cpu", "host"):
+        raise SystemExit(f"error: target {target!r} is not supported yet; use 'llvm' (this host's CPU)")
+    return Target.host()
+
+
+def _records_source(args: argparse.Namespace):
+    """The records named by --records FILE (which must exist) or --database URL; None when neither is given."""
+    if args.records:
+        from compiler.records import JSONLinesDatabase
+
+        if not Path(args.records).exists():
+            raise SystemExit(f"error: no such records file: {args.records}")
+        return JSONLinesDatabase(args.records)
+    return _open_database(args.database) if args.database else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -171,11 +180,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Print a model's operators and the tasks it compiles to (FLOPs, weights, workload keys)."""
+    """Print a model's operators and the tasks it compiles to (FLOPs, weights, workload keys); with --database or
+    --records, also what the records already hold for each task on this host and the trials still needed."""
     from collections import Counter
 
+    from compiler.build import target_name
     from compiler.tasks import extract_tasks
+    from compiler.tune import coverage
 
+    target = _check_target(args.target)
+    if args.trials_per_task <= 0:
+        raise SystemExit("error: --trials-per-task must be positive")
     graph = _load_model(args.model, args.input_shapes)
     print(f"{args.model}: inputs {[f'{v.name}{list(v.shape)}' for v in graph.inputs]}, {len(graph.nodes)} nodes")
     print("ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op for n in graph.nodes).most_common()))
@@ -183,9 +198,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(
         f"{len(tasks)} tasks ({len(calls)} kernel calls), {sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
     )
-    print(f"{'ID':>3} {'workload key':32} {'weight':>6} {'MFLOP':>10}  name")
-    for i, t in enumerate(tasks):
-        print(f"{i:3d} {t.key} {t.weight:6d} {t.flop_count / 1e6:10.2f}  {t.name}")
+    head = f"{'ID':>3} {'workload key':32} {'weight':>6} {'MFLOP':>10}"
+    rows = [f"{i:3d} {t.key} {t.weight:6d} {t.flop_count / 1e6:10.2f}" for i, t in enumerate(tasks)]
+    db = _records_source(args)
+    if db is None:
+        print("\n".join([f"{head}  name", *(f"{row}  {t.name}" for row, t in zip(rows, tasks))]))
+        return 0
+    where = args.records or str(db)
+    covered = coverage(tasks, db, target, args.trials_per_task)
+    print(f"records in {where} for {target_name(target)} measured on this host ({target.fingerprint()}):")
+    print(f"{head} {'records':>7} {'best ms':>10} {'trials needed':>13}  name")
+    for row, c in zip(rows, covered):
+        best = f"{c.best.mean_cost * 1e3:10.4f}" if c.best else f"{'-':>10}"
+        print(f"{row} {c.valid:7d} {best} {c.trials_needed:13d}  {c.task.name}")
+    needed = sum(c.trials_needed for c in covered)
+    tuned = sum(1 for c in covered if c.trials_needed == 0)
+    latency = sum(c.task.weight * c.best.mean_cost for c in covered if c.best)
+    missing = sum(1 for c in covered if c.best is None)
+    print(
+        f"{tuned} of {len(covered)} tasks tuned ({args.trials_per_task} error-free records each); "
+        f"{needed} trials still needed; latency from records {latency * 1e3:.3f} ms"
+        + (f" ({missing} without a record: default schedules)" if missing else "")
+    )
+    if needed:
+        source = f"--records {args.records}" if args.records else f"--database {where}"
+        print(f"  tilefarm tune {args.model} {source} --resume --trials {needed}")
     return 0
 
 
@@ -205,12 +242,30 @@ def _tune_options(args: argparse.Namespace):
     )
 
 
+def _open_database(url: str):
+    """The SQL records database at `url` (server/ is imported only here: the file-only CLI never needs it)."""
+    import getpass
+
+    from server.database import SQLDatabase
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    return SQLDatabase(url, created_by=user)
+
+
 def _run_tuning(tasks, args: argparse.Namespace) -> int:
     from compiler.measure import LocalBuilder, LocalRunner
     from compiler.records import JSONLinesDatabase
     from compiler.tune import TaskScheduler
 
-    db = JSONLinesDatabase(args.records)
+    if args.database:
+        db = _open_database(args.database)
+        db.describe_workloads(tasks)
+    else:
+        db = JSONLinesDatabase(args.records)
+    where = args.records or str(db)
     rounds = [0]
 
     def live(s: TaskScheduler) -> None:
@@ -233,13 +288,13 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
         )
         if args.resume:
             loaded = bool(args.model_file) and Path(args.model_file).exists()
-            print(f"resumed {sched.resume(train=not loaded)} records from {args.records}")
+            print(f"resumed {sched.resume(train=not loaded)} records from {where}")
         sched.run()
     print(sched.table())
     st = sched.stats
     shares = ", ".join(f"{k} {v:.0%}" for k, v in st.shares().items())
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
-    print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}; records: {args.records}")
+    print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}; records: {where}")
     if args.model_file and hasattr(model, "save"):
         model.save(args.model_file)
         print(f"cost model saved to {args.model_file}")
@@ -279,6 +334,40 @@ def cmd_tune_kernel(args: argparse.Namespace) -> int:
     return _run_tuning([Task(dag.workload_key, dag, args.name)], args)
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+    """Manage the SQL records database: `upgrade` brings its schema to this tilefarm's newest revision."""
+    from server.database import SQLDatabase
+    from server.migrate import head_revision
+
+    with SQLDatabase(args.database, upgrade_schema=True) as db:
+        print(f"{db}: schema at revision {head_revision()}")
+    return 0
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    """Export records to a JSON-lines file with their provenance, or import one (importing twice adds nothing)."""
+    from compiler.records import read_records
+
+    if args.action == "import" and not Path(args.file).exists():
+        raise SystemExit(f"error: no such records file: {args.file}")
+    if args.action == "export" and args.records and not Path(args.records).exists():
+        raise SystemExit(f"error: no such records file: {args.records}")
+    if args.records:
+        from compiler.records import JSONLinesDatabase
+
+        db = JSONLinesDatabase(args.records)
+    else:
+        db = _open_database(args.database)
+    where = args.records or str(db)
+    if args.action == "export":
+        n = db.export(args.output, best_only=args.best_only)
+        print(f"exported {n} {'best ' if args.best_only else ''}records from {where} to {args.output}")
+    else:
+        added = db.import_records(read_records(args.file)) if args.records else db.import_file(args.file)
+        print(f"imported {args.file} into {where}: {added} new records")
+    return 0
+
+
 def cmd_example(args: argparse.Namespace) -> int:
     """Write a ready-made ONNX model (random weights) to try tilefarm with, no download needed."""
     from compiler import examples
@@ -291,6 +380,8 @@ def cmd_example(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from compiler.tune import TRIALS_PER_TASK
+
     p = argparse.ArgumentParser(prog="tilefarm", description="a deep-learning compiler with an auto-scheduler")
     sub = p.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernel", help=cmd_kernel.__doc__)
@@ -305,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("model")
     c.add_argument("--input-shapes", help='fix symbolic dims, e.g. "input:[1,3,224,224],mask:[1,128]"')
     c.add_argument("--target", default="llvm", help="code generation target (this host's CPU: llvm)")
-    c.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
+    rec = c.add_mutually_exclusive_group()
+    rec.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
+    rec.add_argument("--database", metavar="URL", help="take the records from this SQL database instead")
     c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")
@@ -316,6 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help=cmd_inspect.__doc__)
     i.add_argument("model")
     i.add_argument("--input-shapes")
+    i.add_argument("--target", default="llvm", help="the target records must be for (this host's CPU: llvm)")
+    src = i.add_mutually_exclusive_group()
+    src.add_argument("--records", help="report what this JSON-lines records file holds per task")
+    src.add_argument("--database", metavar="URL", help="report what this SQL database holds per task")
+    i.add_argument(
+        "--trials-per-task",
+        type=int,
+        default=TRIALS_PER_TASK,
+        help="a task counts as tuned once it has this many error-free records for this target measured on a host "
+        "with this machine's fingerprint; trials still needed = this minus the records it has, never below 0 "
+        f"(default {TRIALS_PER_TASK})",
+    )
     for name, fn in (("tune", cmd_tune), ("tune-kernel", cmd_tune_kernel)):
         t = sub.add_parser(name, help=fn.__doc__)
         if name == "tune":
@@ -326,8 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
         t.add_argument("--trials", type=int, default=1000, help="measurement budget over all tasks")
         t.add_argument("--time-budget", type=float, help="stop after this many seconds")
-        t.add_argument("--records", required=True, help="JSON-lines records file (appended to)")
-        t.add_argument("--resume", action="store_true", help="continue from the records file; nothing is re-measured")
+        dest = t.add_mutually_exclusive_group(required=True)
+        dest.add_argument("--records", help="JSON-lines records file (appended to)")
+        dest.add_argument("--database", metavar="URL", help="SQL database (sqlite:///file, postgresql://...)")
+        t.add_argument("--resume", action="store_true", help="continue from the records; nothing is re-measured")
         t.add_argument("--threads", type=int, help="threads kernels run on while measured (default: all cores)")
         t.add_argument("--per-round", type=int, default=64, help="programs measured per round")
         t.add_argument("--population", type=int, default=512, help="evolutionary search population")
@@ -341,6 +448,19 @@ def main(argv: list[str] | None = None) -> int:
         t.add_argument("--seed", type=int, default=0)
         t.add_argument("--cost-model", choices=["xgb", "random"], default="xgb", help="random: ablation baseline")
         t.add_argument("--model-file", help="load the XGBoost cost model from here if it exists; save it after")
+    d = sub.add_parser("db", help=cmd_db.__doc__)
+    d.add_argument("action", choices=["upgrade"])
+    d.add_argument("--database", metavar="URL", help="default: TILEFARM_DATABASE_URL, else ~/.local/share/tilefarm")
+    rs = sub.add_parser("records", help=cmd_records.__doc__).add_subparsers(dest="action", required=True)
+    ex = rs.add_parser("export", help="write records as JSON lines (each with its host's details and who ran it)")
+    im = rs.add_parser("import", help="add a JSON-lines file's records; records already held are skipped")
+    im.add_argument("file", help="an export, or a `tune --records` file")
+    for a in (ex, im):
+        where = a.add_mutually_exclusive_group(required=True)
+        where.add_argument("--database", metavar="URL", help="the SQL database to read from / add to")
+        where.add_argument("--records", help="a JSON-lines records file instead (holds no host details)")
+    ex.add_argument("-o", "--output", required=True, help="the JSON-lines file to write")
+    ex.add_argument("--best-only", action="store_true", help="only the fastest record per workload, target and host")
     e = sub.add_parser("example", help=cmd_example.__doc__)
     e.add_argument("name")
     e.add_argument("-o", "--output", required=True)
@@ -353,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         "tune": cmd_tune,
         "tune-kernel": cmd_tune_kernel,
         "example": cmd_example,
+        "db": cmd_db,
+        "records": cmd_records,
     }
     try:
         return commands[args.command](args)

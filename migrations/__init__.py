@@ -1,0 +1,1 @@
+"""Alembic migrations of the server's schema (server/models.py); `server.migrate` runs them."""

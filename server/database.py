@@ -1,0 +1,347 @@
+"""`SQLDatabase`: the compiler's records `Database` protocol on SQLite or PostgreSQL (SQLAlchemy Core)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, Integer, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import OperationalError
+
+from compiler.errors import TilefarmError
+from compiler.records import VERSION, RecordError, TuningRecord
+from compiler.target import Target
+from server.migrate import current_revision, head_revision, upgrade
+from server.models import Host, Record, TargetRow, Workload
+from server.settings import Settings
+
+BATCH = 1000  # records per query when iterating the whole database
+_RECORD_IDENTITY = ["workload_id", "host_id", "steps_hash"]  # the unique key on tuning_records
+# what a host row says besides its fingerprint; exports carry it, so a merged database knows where timings came from
+HOST_DETAILS = (
+    *("kind", "cpu_model", "mcpu", "isa_features", "cores", "l1_bytes", "l2_bytes", "l3_bytes", "gpu", "npu"),
+    "tilefarm_version",
+)
+
+
+class DatabaseError(TilefarmError):
+    """A database that cannot be reached, or whose schema is not the one this tilefarm needs."""
+
+
+def create_engine_for(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL: postgresql:// goes through psycopg 3; a SQLite file gets its folder created,
+    WAL journaling (readers never wait for the writer) and real transactions (BEGIN issued by us, see below)."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    if u.get_backend_name() != "sqlite":
+        return create_engine(u, pool_pre_ping=True)
+    if u.database and u.database != ":memory:":
+        Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(u, connect_args={"timeout": 60})  # seconds a writer waits for another's lock
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection, _record) -> None:
+    # the sqlite3 module's own transaction handling skips BEGIN before SELECT and DDL; switch it off and BEGIN in
+    # _sqlite_begin instead (SQLAlchemy's documented recipe), so migrations and reads are transactional too
+    dbapi_connection.isolation_level = None
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # writers BEGIN IMMEDIATE: the write lock is taken (or waited for) up front, never upgraded from a read lock
+    # mid-transaction, which in WAL mode fails at once instead of waiting
+    conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")
+
+
+def steps_json(steps: tuple) -> str:
+    """The stored form of a step list: compact JSON, as TuningRecord.identity has it."""
+    return json.dumps(steps, separators=(",", ":"))
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v  # JSON lists back to the tuples records hold
+
+
+def _known_host_details(details: dict[str, Any]) -> dict[str, Any]:
+    """The host columns an import file names, with values that fit the column (another team's file is input)."""
+
+    def fits(column, v) -> bool:
+        if isinstance(column.type, Integer):
+            return isinstance(v, int) and not isinstance(v, bool)
+        return isinstance(v, str) and (column.type.length is None or len(v) <= column.type.length)
+
+    return {k: v for k, v in details.items() if k in HOST_DETAILS and fits(Host.__table__.c[k], v)}
+
+
+def this_host() -> str:
+    return Target.host().fingerprint()
+
+
+class SQLDatabase:
+    """Tuning records in a SQL database: SQLite (one file, the default) or PostgreSQL (a team's shared one).
+
+    Commits are idempotent and safe from many processes at once. `best` answers for this machine's host
+    fingerprint unless told otherwise: a timing measured on another machine class is not comparable.
+    On open, the schema is upgraded to the newest revision (`upgrade_schema=None` does that for SQLite files; a
+    shared PostgreSQL database is upgraded explicitly with `tilefarm db upgrade`, and opening an old one raises)."""
+
+    def __init__(self, url: str | None = None, *, upgrade_schema: bool | None = None, created_by: str | None = None):
+        self.url = url or Settings.from_env().database_url
+        self.engine = create_engine_for(self.url)
+        self.created_by = created_by
+        self._ids: dict[tuple[str, str], int] = {}  # (table, natural key) -> id of rows known to be committed
+        if upgrade_schema is None:
+            upgrade_schema = self.engine.dialect.name == "sqlite"
+        try:
+            if upgrade_schema:
+                upgrade(self.engine)
+            else:
+                self._check_schema()
+        except OperationalError as e:
+            self.close()
+            raise DatabaseError(f"cannot open the database {self}: {e.orig}") from None
+
+    def __str__(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def _check_schema(self) -> None:
+        with self.engine.connect() as conn:
+            have = current_revision(conn)
+        if have != head_revision():
+            self.close()
+            raise DatabaseError(
+                f"the database {self} has schema revision {have or 'none (empty)'}, this tilefarm needs "
+                f"{head_revision()}: run `tilefarm db upgrade --database {self}`"
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> SQLDatabase:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ writing
+
+    def _insert(self, model):
+        return (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(model)
+
+    def _id(self, conn: Connection, model, column: str, value: str, new: dict, **details: Any) -> int:
+        """The id of the row whose unique `column` is `value`, inserted (with `details`) if missing; race-safe:
+        a concurrent insert of the same row makes ours a no-op, and the select then finds theirs."""
+        cache_key = (model.__tablename__, value)
+        if cache_key in self._ids:
+            return self._ids[cache_key]
+        conn.execute(self._insert(model).values({column: value, **details}).on_conflict_do_nothing())
+        new[cache_key] = conn.execute(select(model.id).where(getattr(model, column) == value)).scalar_one()
+        return new[cache_key]
+
+    def _host_details(self, fingerprint: str) -> dict[str, Any]:
+        """What is known about a host: everything for this machine, only the fingerprint for others."""
+        if fingerprint != this_host():
+            return {}
+        t = Target.host()
+        return {
+            "kind": t.kind,
+            "cpu_model": t.cpu_model,
+            "mcpu": t.mcpu,
+            "isa_features": t.features,
+            "cores": t.cores,
+            "l1_bytes": t.l1_bytes,
+            "l2_bytes": t.l2_bytes,
+            "l3_bytes": t.l3_bytes,
+            "tilefarm_version": VERSION,
+        }
+
+    def _insert_record(
+        self, conn: Connection, record: TuningRecord, new: dict, host: dict[str, Any] | None, created_by: str | None
+    ) -> bool:
+        steps = steps_json(record.steps)
+        host = _known_host_details(host or {}) or self._host_details(record.host)
+        row = {
+            "workload_id": self._id(conn, Workload, "key", record.workload_key, new),
+            "target_id": self._id(conn, TargetRow, "name", record.target, new),
+            "host_id": self._id(conn, Host, "fingerprint", record.host, new, **host),
+            "steps": steps,
+            "steps_hash": hashlib.sha256(steps.encode()).hexdigest(),
+            "costs": [float(c) for c in record.costs],
+            "mean_cost": record.mean_cost if record.ok else None,
+            "error": record.error,
+            "error_message": record.error_message,
+            "timestamp": record.timestamp,
+            "created_by": created_by,
+            "version": record.version,
+            "trace": record.trace,
+        }
+        stmt = self._insert(Record).values(row).on_conflict_do_nothing(index_elements=_RECORD_IDENTITY)
+        return conn.execute(stmt.returning(Record.id)).first() is not None  # no row back: it was there
+
+    def _write(self, items: Iterable[tuple[TuningRecord, dict[str, Any] | None, str | None]]) -> int:
+        """Commit (record, host details, who ran it) items, BATCH to a transaction; returns how many were new."""
+        added, items = 0, iter(items)
+        while chunk := list(itertools.islice(items, BATCH)):
+            new: dict[tuple[str, str], int] = {}
+            with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+                added += sum(self._insert_record(conn, r, new, host, by) for r, host, by in chunk)
+            self._ids.update(new)  # only now: a rolled-back insert must not leave a cached id behind
+        return added
+
+    def commit(self, record: TuningRecord) -> bool:
+        """Store a record; False if one with the same workload, host and steps is already stored."""
+        return self._write([(record, None, self.created_by)]) == 1
+
+    def import_records(self, records: Iterable[TuningRecord]) -> int:
+        """Commit many; returns how many were new (importing the same records twice adds nothing)."""
+        return self._write((r, None, self.created_by) for r in records)
+
+    def import_file(self, path: str | Path) -> int:
+        """Commit the records of a JSON-lines file (an `export`, or a `tune --records` file) with the provenance
+        they carry; returns how many were new: importing a file twice adds nothing, and importing another team's
+        export keeps every distinct record (the same schedule of a workload measured on the same host class is one
+        record: the one stored first)."""
+
+        def items():
+            with Path(path).open() as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = TuningRecord.from_json(line)
+                    except RecordError as e:
+                        raise RecordError(f"{path}:{n}: {e}") from None
+                    provenance = json.loads(line).get("provenance")
+                    provenance = provenance if isinstance(provenance, dict) else {}
+                    host = provenance.get("host")
+                    yield record, host if isinstance(host, dict) else None, provenance.get("created_by")
+
+        return self._write(items())
+
+    def describe_workloads(self, tasks: Iterable) -> None:
+        """Fill in what a workload is (canonical DAG text, op tag, FLOPs, shapes) from compiler.tasks.Task objects."""
+        rows = [
+            {
+                "key": t.key,
+                "dag_text": t.dag.canonical_text,
+                "op_tag": t.name,
+                "flops": t.dag.flop_count,
+                "shapes": {
+                    "inputs": [list(t.dag.op(n).shape) for n in t.dag.inputs],
+                    "outputs": [list(t.dag.op(n).shape) for n in t.dag.outputs],
+                },
+            }
+            for t in tasks
+        ]
+        if not rows:
+            return
+        stmt = self._insert(Workload).values(rows)
+        cols = ("dag_text", "op_tag", "flops", "shapes")
+        stmt = stmt.on_conflict_do_update(index_elements=["key"], set_={c: stmt.excluded[c] for c in cols})
+        with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+            conn.execute(stmt)
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def _select(self):
+        return (
+            select(
+                Record.id,
+                Workload.key,
+                TargetRow.name,
+                Host.fingerprint,
+                Record.steps,
+                Record.costs,
+                Record.error,
+                Record.error_message,
+                Record.timestamp,
+                Record.version,
+                Record.trace,
+            )
+            .join(Workload, Record.workload_id == Workload.id)
+            .join(TargetRow, Record.target_id == TargetRow.id)
+            .join(Host, Record.host_id == Host.id)
+        )
+
+    @staticmethod
+    def _record(row) -> TuningRecord:
+        _, key, target, host, steps, costs, error, message, timestamp, version, trace = row
+        return TuningRecord(
+            key, target, host, _tuples(json.loads(steps)), tuple(costs), error, message, timestamp, version, trace
+        )
+
+    def best(
+        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cross_host: bool = False
+    ) -> list[TuningRecord]:
+        """The k fastest error-free records for a workload on a target, measured on `host` (default: this machine;
+        records of any host only with cross_host=True)."""
+        if host is not None and cross_host:
+            raise ValueError("best(): give a host or cross_host=True, not both")
+        if host is None and not cross_host:
+            host = this_host()
+        # mean_cost is NULL exactly for records that failed or measured nothing
+        q = self._select().where(Workload.key == workload_key, TargetRow.name == target, Record.mean_cost.is_not(None))
+        if host is not None:
+            q = q.where(Host.fingerprint == host)
+        with self.engine.connect() as conn:
+            return [self._record(r) for r in conn.execute(q.order_by(Record.mean_cost, Record.id).limit(k))]
+
+    def __iter__(self) -> Iterator[TuningRecord]:
+        """Every record in commit order, read in batches (each its own short query, so no long-held cursor)."""
+        last = 0
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(self._select().where(Record.id > last).order_by(Record.id).limit(BATCH)).all()
+            yield from (self._record(r) for r in rows)
+            if len(rows) < BATCH:
+                return
+            last = rows[-1][0]
+
+    def __len__(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(Record)).scalar_one()
+
+    def export(self, path: str | Path, best_only: bool = False) -> int:
+        """Write every record (or only the fastest per workload, target and host), in commit order, to a JSON-lines
+        file that `import_file` takes back. Each line is a TuningRecord (a `--records` file reads it too) plus its
+        provenance: who ran it and, on the first line of each host, that host's details where known (CPU model, ISA
+        features, cores, caches, tilefarm version). Returns how many were written."""
+        hosts = self._hosts()
+        q = self._select().add_columns(Record.created_by)
+        if best_only:
+            rank = func.row_number().over(
+                partition_by=(Record.workload_id, Record.target_id, Record.host_id),
+                order_by=(Record.mean_cost, Record.id),
+            )
+            best = select(Record.id, rank.label("rank")).where(Record.mean_cost.is_not(None)).subquery()
+            q = q.join(best, best.c.id == Record.id).where(best.c.rank == 1)
+        n = 0
+        # one streamed query, not batches: the best-only ranking would be recomputed for every batch
+        with Path(path).open("w") as f, self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=BATCH).execute(q.order_by(Record.id)):
+                record, created_by = self._record(row[:-1]), row[-1]
+                provenance = {"host": hosts.pop(record.host, None), "created_by": created_by}
+                line = {**asdict(record), "provenance": {k: v for k, v in provenance.items() if v}}
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+                n += 1
+        return n
+
+    def _hosts(self) -> dict[str, dict[str, Any]]:
+        """Every host's known details (its columns that are not NULL), by fingerprint."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Host.fingerprint, *(getattr(Host, c) for c in HOST_DETAILS))).all()
+        return {fp: {c: v for c, v in zip(HOST_DETAILS, details) if v is not None} for fp, *details in rows}
