@@ -78,11 +78,16 @@ def _tuple(v):
 
 def read_records(path: str | Path) -> Iterator[TuningRecord]:
     """The records of a JSON-lines file, in order; a malformed line raises RecordError naming it."""
+    return (record for record, _ in read_record_lines(path))
+
+
+def read_record_lines(path: str | Path) -> Iterator[tuple[TuningRecord, str]]:
+    """read_records with each record's line, for readers of the fields a record does not hold (provenance)."""
     with Path(path).open() as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield TuningRecord.from_json(line)
+                    yield TuningRecord.from_json(line), line
                 except RecordError as e:
                     raise RecordError(f"{path}:{n}: {e}") from None
 

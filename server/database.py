@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 
 from compiler.errors import TilefarmError
-from compiler.records import VERSION, RecordError, TuningRecord
+from compiler.records import VERSION, TuningRecord, read_record_lines
 from compiler.target import Target
 from server.migrate import current_revision, head_revision, upgrade
 from server.models import Host, Record, TargetRow, Workload
@@ -217,18 +217,11 @@ class SQLDatabase:
         record: the one stored first)."""
 
         def items():
-            with Path(path).open() as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = TuningRecord.from_json(line)
-                    except RecordError as e:
-                        raise RecordError(f"{path}:{n}: {e}") from None
-                    provenance = json.loads(line).get("provenance")
-                    provenance = provenance if isinstance(provenance, dict) else {}
-                    host = provenance.get("host")
-                    yield record, host if isinstance(host, dict) else None, provenance.get("created_by")
+            for record, line in read_record_lines(path):
+                provenance = json.loads(line).get("provenance")
+                provenance = provenance if isinstance(provenance, dict) else {}
+                host = provenance.get("host")
+                yield record, host if isinstance(host, dict) else None, provenance.get("created_by")
 
         return self._write(items())
 
