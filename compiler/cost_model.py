@@ -100,7 +100,11 @@ class XGBModel:
     w_p * ones(k_p, k_p), and the hessian given per store is its diagonal majorizer w_p * k_p: with w_p alone (Ansor's
     choice) stores of one program that land in one leaf all take the full Newton step and the sum overshoots k_p-fold,
     which diverges on programs of many similar stores.
-    `adaptive_training` skips a retrain until the data has grown by 20% since the last one."""
+    `adaptive_training` skips a retrain until the data has grown by 20% since the last one.
+
+    `prior` (a model pre-trained on other workloads' records, compiler.transfer) makes the model a correction on
+    top of it: until this model's own warm-up it scores with the prior alone; after, each store's prior score is
+    the starting margin its own trees are fit from, and a program scores prior + own."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class XGBModel:
         eta: float = 0.2,
         adaptive_training: bool = False,
         weight_floor: float = 0.1,
+        prior: XGBModel | None = None,
     ):
         self.seed, self.rng = _seed(seed)
         self.num_warmup, self.max_rounds, self.early_stopping = num_warmup, max_rounds, early_stopping
@@ -133,6 +138,7 @@ class XGBModel:
         self.costs: list[float] = []
         self.groups: list[str] = []
         self.booster = None
+        self.prior = prior.booster if prior is not None else None
         self.trained_on = 0  # programs in the last training set
         self.rounds = 0  # boosting rounds kept in the last training
 
@@ -161,6 +167,8 @@ class XGBModel:
         y = labels[nonempty]
         w = np.maximum(y, self.weight_floor)
         dtrain = xgb.DMatrix(X, label=y[ids], weight=w[ids], nthread=self.params["nthread"])
+        if self.prior is not None:
+            dtrain.set_base_margin(self.prior.inplace_predict(X))  # the objective sees prior + own scores
         n = len(y)
         per_program = np.bincount(ids, minlength=n)  # stores per program
 
@@ -187,13 +195,14 @@ class XGBModel:
         self.rounds = self.booster.num_boosted_rounds()
 
     def predict(self, xs: list[np.ndarray]) -> np.ndarray:
-        if self.booster is None:
+        boosters = [b for b in (self.prior, self.booster) if b is not None]
+        if not boosters:
             scores = self.rng.uniform(size=len(xs))
         else:
             X, ids, nonempty = _pack(xs)
             scores = np.zeros(len(xs))
             if len(X):
-                preds = self.booster.inplace_predict(X)
+                preds = sum(b.inplace_predict(X) for b in boosters)
                 scores[nonempty] = np.bincount(ids, weights=preds, minlength=int(nonempty.sum()))
         scores[[len(x) == 0 for x in xs]] = -np.inf
         return scores
@@ -215,7 +224,8 @@ class XGBModel:
             "rounds": self.rounds,
             "rng": self.rng.bit_generator.state,
         }
-        booster = np.frombuffer(bytes(self.booster.save_raw("ubj")), np.uint8) if self.booster is not None else None
+        booster = _raw(self.booster)
+        prior = _raw(self.prior)
         with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the caller's path
             np.savez(
                 f,
@@ -226,6 +236,8 @@ class XGBModel:
                 meta=np.array(json.dumps(meta)),
                 booster=booster if booster is not None else np.zeros(0, np.uint8),
                 has_booster=np.array(booster is not None),
+                prior=prior if prior is not None else np.zeros(0, np.uint8),
+                has_prior=np.array(prior is not None),
             )
 
     @classmethod
@@ -254,8 +266,19 @@ class XGBModel:
             model.costs = [float(c) for c in z["costs"]]
             model.groups = [str(g) for g in z["groups"]]
             if bool(z["has_booster"]):
-                import xgboost as xgb
-
-                model.booster = xgb.Booster(params={"nthread": p["nthread"]})
-                model.booster.load_model(bytearray(z["booster"].tobytes()))
+                model.booster = _booster(z["booster"], p["nthread"])
+            if "has_prior" in z and bool(z["has_prior"]):
+                model.prior = _booster(z["prior"], p["nthread"])
         return model
+
+
+def _raw(booster) -> np.ndarray | None:
+    return np.frombuffer(bytes(booster.save_raw("ubj")), np.uint8) if booster is not None else None
+
+
+def _booster(raw: np.ndarray, nthread: int):
+    import xgboost as xgb
+
+    booster = xgb.Booster(params={"nthread": nthread})
+    booster.load_model(bytearray(raw.tobytes()))
+    return booster

@@ -75,6 +75,27 @@ class ComputeDAG:
         self.outputs: tuple[str, ...] = tuple(names[t] for t in outputs)
         self._by_name = {op.name: op for op in self.ops}
 
+    @classmethod
+    def from_ops(cls, ops: tuple[Op, ...], inputs: tuple[str, ...], outputs: tuple[str, ...]) -> ComputeDAG:
+        """A DAG from ops already in topological order (a stored DAG, compiler.dag_json), checked as it is built:
+        unique names, every load of an earlier op, the inputs placeholders and the outputs computes."""
+        by_name: dict[str, Op] = {}
+        for op in ops:
+            if op.name in by_name:
+                raise InvalidExpr(f"two stages are named {op.name}")
+            missing = [r for r in op.reads if r not in by_name]
+            if missing:
+                raise InvalidExpr(f"stage {op.name} reads {missing}, which no earlier stage defines")
+            by_name[op.name] = op
+        placeholders = [op.name for op in ops if op.is_placeholder]
+        if sorted(inputs) != sorted(placeholders):
+            raise InvalidExpr(f"inputs {list(inputs)} are not the placeholders {placeholders}")
+        if not outputs or any(n not in by_name or by_name[n].is_placeholder for n in outputs):
+            raise InvalidExpr(f"outputs {list(outputs)} are not computed stages")
+        dag = cls.__new__(cls)
+        dag.ops, dag.inputs, dag.outputs, dag._by_name = tuple(ops), tuple(inputs), tuple(outputs), by_name
+        return dag
+
     def op(self, name: str) -> Op:
         return self._by_name[name]
 

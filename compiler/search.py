@@ -309,11 +309,28 @@ def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> 
         return [x for f in futures for x in f.result()]
     except concurrent.futures.process.BrokenProcessPool:
         _POOL = None
-        return [features.extract(apply_steps(dag, steps)) for steps in programs]
+        return _featurize_chunk(dag, programs)
+
+
+def featurize_programs(dag: ComputeDAG, programs: list[tuple], target: Target) -> list[np.ndarray]:
+    """Features of many step lists of one DAG (pre-training on stored records): over a process per core when
+    there are enough of them to pay for the trip."""
+    if len(programs) >= PARALLEL_FEATURES_MIN and target.cores > 1:
+        return _featurize_in_pool(dag, programs, target.cores)
+    return _featurize_chunk(dag, programs)
 
 
 def _featurize_chunk(dag: ComputeDAG, programs: list[tuple]) -> list[np.ndarray]:
-    return [features.extract(apply_steps(dag, steps)) for steps in programs]
+    return [_features_of_steps(dag, steps) for steps in programs]
 
 
-__all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats", "program_identity"]
+def _features_of_steps(dag: ComputeDAG, steps: tuple) -> np.ndarray:
+    """Features of a step list; none (0 rows) for one that does not replay (a record of another tilefarm)."""
+    try:
+        state = apply_steps(dag, steps)
+    except TilefarmError:
+        return np.zeros((0, features.N_FEATURES), np.float32)
+    return features.extract(state)
+
+
+__all__ = ["SearchPolicy", "SearchParams", "Candidate", "SearchStats", "featurize_programs", "program_identity"]

@@ -15,6 +15,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 
+from compiler import dag_json
+from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
 from compiler.records import VERSION, TuningRecord, read_record_lines
 from compiler.target import Target
@@ -117,6 +119,15 @@ class SQLDatabase:
 
     def __str__(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def identity(self) -> str:
+        """Which database this is, for caches of what was learnt from it: the URL without password, and a SQLite
+        file by its absolute path."""
+        u = self.engine.url
+        if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+            u = u.set(database=str(Path(u.database).expanduser().resolve()))
+        return u.render_as_string(hide_password=True)
 
     def _check_schema(self) -> None:
         with self.engine.connect() as conn:
@@ -231,6 +242,7 @@ class SQLDatabase:
             {
                 "key": t.key,
                 "dag_text": t.dag.canonical_text,
+                "dag_json": dag_json.to_json(t.dag),
                 "op_tag": t.name,
                 "flops": t.dag.flop_count,
                 "shapes": {
@@ -243,7 +255,7 @@ class SQLDatabase:
         if not rows:
             return
         stmt = self._insert(Workload).values(rows)
-        cols = ("dag_text", "op_tag", "flops", "shapes")
+        cols = ("dag_text", "dag_json", "op_tag", "flops", "shapes")
         stmt = stmt.on_conflict_do_update(index_elements=["key"], set_={c: stmt.excluded[c] for c in cols})
         with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
             conn.execute(stmt)
@@ -295,14 +307,45 @@ class SQLDatabase:
 
     def __iter__(self) -> Iterator[TuningRecord]:
         """Every record in commit order, read in batches (each its own short query, so no long-held cursor)."""
-        last = 0
+        return (record for _, record in self.training_records())
+
+    def training_records(self, host: str | None = None, after: int = 0) -> Iterator[tuple[int, TuningRecord]]:
+        """(id, record) in commit order of the records measured on `host` (every host when None) whose id is above
+        `after`: a reader that keeps the last id it saw reads only what arrived since (compiler.transfer)."""
+        last = after
         while True:
+            q = self._select().where(Record.id > last)
+            if host is not None:
+                q = q.where(Host.fingerprint == host)
             with self.engine.connect() as conn:
-                rows = conn.execute(self._select().where(Record.id > last).order_by(Record.id).limit(BATCH)).all()
-            yield from (self._record(r) for r in rows)
+                rows = conn.execute(q.order_by(Record.id).limit(BATCH)).all()
+            yield from ((r[0], self._record(r)) for r in rows)
             if len(rows) < BATCH:
                 return
             last = rows[-1][0]
+
+    def count_records(self, host: str | None = None, after: int = 0) -> int:
+        """How many records `training_records(host, after)` would yield."""
+        q = select(func.count()).select_from(Record).where(Record.id > after)
+        if host is not None:
+            q = q.join(Host, Record.host_id == Host.id).where(Host.fingerprint == host)
+        with self.engine.connect() as conn:
+            return conn.execute(q).scalar_one()
+
+    def workload_dags(self) -> dict[str, ComputeDAG]:
+        """Every workload whose DAG is stored (`describe_workloads`) and reads back as its key, by key. A DAG
+        written by a tilefarm with other DAG rules does not rebuild as its key and is left out."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Workload.key, Workload.dag_json).where(Workload.dag_json.is_not(None))).all()
+        dags = {}
+        for key, text in rows:
+            if text is None:
+                continue
+            try:
+                dags[key] = dag_json.from_json(text, key)
+            except dag_json.DAGFormatError:
+                continue
+        return dags
 
     def __len__(self) -> int:
         with self.engine.connect() as conn:

@@ -47,6 +47,7 @@ class Workload(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
     dag_text: Mapped[str | None] = mapped_column(Text)  # ComputeDAG.canonical_text
+    dag_json: Mapped[str | None] = mapped_column(Text)  # the whole DAG (compiler.dag_json): what training needs
     op_tag: Mapped[str | None] = mapped_column(String(128))  # what the task is called, e.g. "conv2d_add_relu"
     flops: Mapped[int | None] = mapped_column(BigInteger)
     shapes: Mapped[Any | None] = mapped_column(JSON)  # {"T0": [1, 64, 56, 56], ...}: every stage's shape

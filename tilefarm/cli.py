@@ -278,7 +278,7 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    model = _cost_model(args)
+    model = _cost_model(args, db if args.database else None)
     with (
         LocalBuilder() as builder,
         LocalRunner(repeat=args.repeat, threads=args.threads, cache_flush=args.cache_flush) as runner,
@@ -301,7 +301,9 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cost_model(args: argparse.Namespace):
+def _cost_model(args: argparse.Namespace, database=None):
+    """The model named by the options; with a SQL database (and no --model-file or --no-transfer), an XGBoost model
+    whose prior is pre-trained on every record of this host class in that database."""
     from compiler.cost_model import RandomModel, XGBModel
     from compiler.records import RecordError
 
@@ -312,7 +314,13 @@ def _cost_model(args: argparse.Namespace):
             return XGBModel.load(args.model_file)
         except (OSError, ValueError, KeyError) as e:
             raise RecordError(f"cannot load the cost model {args.model_file}: {e}") from None
-    return XGBModel(seed=args.seed)
+    prior = None
+    if database is not None and not args.no_transfer:
+        from compiler.transfer import ModelCache
+
+        prior, line = ModelCache().load_or_train(database, database.identity, Target.host())
+        print(line, flush=True)
+    return XGBModel(seed=args.seed, prior=prior)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -448,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         t.add_argument("--seed", type=int, default=0)
         t.add_argument("--cost-model", choices=["xgb", "random"], default="xgb", help="random: ablation baseline")
         t.add_argument("--model-file", help="load the XGBoost cost model from here if it exists; save it after")
+        t.add_argument(
+            "--no-transfer",
+            action="store_true",
+            help="with --database: start the cost model from scratch instead of pre-training it on the database's "
+            "records of this host (cached, refreshed as records arrive)",
+        )
     d = sub.add_parser("db", help=cmd_db.__doc__)
     d.add_argument("action", choices=["upgrade"])
     d.add_argument("--database", metavar="URL", help="default: TILEFARM_DATABASE_URL, else ~/.local/share/tilefarm")

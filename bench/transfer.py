@@ -1,0 +1,216 @@
+"""Transfer benchmark: does a cost model pre-trained on the team's records find a fast program for a workload the
+database has never seen in fewer trials than one that starts from scratch?
+
+    python -m bench.transfer [--database URL] [--source-trials 800] [--trials 320] [--threads 1] [--seed 0]
+                             [--json rows.json]
+
+1. The source database (default: a SQLite file in the user's cache) holds records of ResNet-18 and MobileNetV2,
+   measured on this host; when it has none for this host, they are tuned into it first (`--source-trials` per
+   model, which takes a while). Each model's workloads are described in it, so their DAGs are stored.
+2. Held-out ranking, without measuring: for each workload of the source with enough records, the pairwise ranking
+   accuracy on its records of a model trained on the other workloads only (the prior), of a model trained on its
+   first 64 records only, and of both together (the prior plus a correction fit on those 64; and one model fit on
+   the other workloads' records and those 64 at once).
+3. The target, a 3x3 conv2d of 96 channels on 28x28 (blocked weights, the form a model compiles it to) that no
+   source model contains, is tuned twice with the same seed: from scratch, and with the prior pre-trained on the
+   source. Printed: per run the best latency after each round, and the trials each needed to reach 95% of the best
+   latency either run found (latency <= best / 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.kernels import blocked_conv
+from compiler import examples
+from compiler.build import target_name
+from compiler.cost_model import XGBModel, pairwise_accuracy
+from compiler.dag import ComputeDAG
+from compiler.measure import LocalBuilder, LocalRunner
+from compiler.onnx_frontend import load
+from compiler.records import JSONLinesDatabase
+from compiler.search import SearchParams
+from compiler.target import Target
+from compiler.tasks import Task, extract_tasks
+from compiler.transfer import ModelCache, TrainingSet, default_cache_dir, featurize_records, pretrain
+from compiler.tune import TaskScheduler, TuneOptions
+from server.database import SQLDatabase
+
+SOURCE_MODELS = ("resnet18", "mobilenetv2")
+LOCAL = 64  # a workload's own records the held-out comparison trains on
+REACH = 0.95  # "found": a latency within this fraction of the best (latency <= best / REACH)
+
+
+def target_task() -> Task:
+    w = blocked_conv(96, 28)
+    dag = ComputeDAG([*w.inputs, w.output])
+    return Task(dag.workload_key, dag, "conv2d_96x28x28_3x3")
+
+
+def source_tasks() -> list[Task]:
+    return [t for name in SOURCE_MODELS for t in extract_tasks(load(getattr(examples, name)()))[0]]
+
+
+def build_source(db: SQLDatabase, tasks: list[Task], trials: int, threads: int, seed: int) -> None:
+    """Describe the source workloads (their DAGs) and, when the database has no record of this host, tune them."""
+    db.describe_workloads(tasks)
+    host = Target.host().fingerprint()
+    if db.count_records(host):
+        return
+    for name in SOURCE_MODELS:
+        tasks_of = extract_tasks(load(getattr(examples, name)()))[0]
+        print(f"source: tuning {name} ({len(tasks_of)} tasks, {trials} trials) into {db}", flush=True)
+        with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
+            TaskScheduler(tasks_of, db, TuneOptions(trials=trials, seed=seed), builder=builder, runner=runner).run()
+
+
+# ---------------------------------------------------------------------------------------------- held-out ranking
+
+
+def held_out(data: TrainingSet, min_records: int = 2 * LOCAL) -> list[dict]:
+    """Per workload with enough valid records: pairwise accuracy on its records after the first LOCAL, of the
+    prior (other workloads only), local (its first LOCAL only), residual (prior + local correction) and union
+    (one model on the other workloads and its first LOCAL)."""
+    groups: dict[str, list[int]] = {}
+    for i, g in enumerate(data.groups):
+        groups.setdefault(g, []).append(i)
+    rows = []
+    for key, idx in groups.items():
+        if sum(math.isfinite(data.costs[i]) for i in idx) < min_records:
+            continue
+        others = [i for i in range(len(data)) if data.groups[i] != key]
+        train, test = idx[:LOCAL], [i for i in idx[LOCAL:] if math.isfinite(data.costs[i])]
+        pick = lambda ids: ([data.xs[i] for i in ids], [data.costs[i] for i in ids], [data.groups[i] for i in ids])
+        prior = pretrain(TrainingSet(*pick(others)))
+        local = XGBModel(num_warmup=1)
+        local.update(*pick(train))
+        residual = XGBModel(num_warmup=1, prior=prior)
+        residual.update(*pick(train))
+        union = pretrain(TrainingSet(*pick(others + train)))
+        xs, costs, _ = pick(test)
+        row = {"workload": key, "records": len(idx)}
+        for name, model in (("prior", prior), ("local", local), ("residual", residual), ("union", union)):
+            row[name] = round(pairwise_accuracy(model.predict(xs), costs), 3)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- tuning the target
+
+
+def tune_target(task: Task, model: XGBModel, trials: int, threads: int, seed: int, path: Path) -> dict:
+    """Tune `task` with `model`; the measured costs in order, the best after each round, and the wall time."""
+    db = JSONLinesDatabase(path)
+    curve: list[tuple[int, float]] = []
+
+    def progress(s: TaskScheduler) -> None:
+        curve.append((s.stats.trials, s.progress[0].best))
+        print(f"    {s.stats.trials:4d} trials: best {s.progress[0].best * 1e3:.4f} ms", flush=True)
+
+    t0 = time.perf_counter()
+    opts = TuneOptions(trials=trials, seed=seed, params=SearchParams())
+    with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
+        sched = TaskScheduler([task], db, opts, model=model, builder=builder, runner=runner, callback=progress)
+        sched.run()
+    costs = [r.mean_cost for r in JSONLinesDatabase(path)]
+    return {"costs": costs, "curve": curve, "wall_s": time.perf_counter() - t0, "stats": sched.stats}
+
+
+def trials_to_reach(costs: list[float], goal: float) -> int | None:
+    best = math.inf
+    for n, c in enumerate(costs, 1):
+        best = min(best, c)
+        if best <= goal:
+            return n
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.transfer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--database", help="source records database URL (default: a SQLite file in the user's cache)")
+    ap.add_argument("--source-trials", type=int, default=800, help="trials per source model when it is tuned")
+    ap.add_argument("--trials", type=int, default=320, help="trials for each tuning of the target")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the result rows here")
+    args = ap.parse_args(argv)
+
+    target = Target.host()
+    task = target_task()
+    url = args.database or f"sqlite:///{default_cache_dir() / 'bench-transfer.db'}"
+    rows: list[dict] = []
+    with SQLDatabase(url) as db:
+        build_source(db, source_tasks(), args.source_trials, args.threads, args.seed)
+        if db.best(task.key, target_name(target), k=1):
+            raise SystemExit(f"error: the source database {db} holds records of the target {task.name}")
+        host = target.fingerprint()
+        records = [r for _, r in db.training_records(host)]
+        data = featurize_records(records, db.workload_dags(), target)
+        print(f"source: {len(data)} records of {len(set(data.groups))} workloads measured on this host ({db})")
+
+        print(f"\nheld-out ranking (pairwise accuracy on each workload's records after its first {LOCAL})")
+        ranking = held_out(data)
+        print(f"  {'workload':<34} {'records':>7} {'prior':>6} {'local':>6} {'residual':>8} {'union':>6}")
+        for r in ranking:
+            print(
+                f"  {r['workload']:<34} {r['records']:>7} {r['prior']:>6.3f} {r['local']:>6.3f} "
+                f"{r['residual']:>8.3f} {r['union']:>6.3f}"
+            )
+        means = {k: round(float(np.mean([r[k] for r in ranking])), 3) for k in ("prior", "local", "residual", "union")}
+        print(
+            f"  {'mean over ' + str(len(ranking)) + ' workloads':<42} " + " ".join(f"{v:>6.3f}" for v in means.values())
+        )
+        rows.append({"experiment": "held_out_ranking", "local_records": LOCAL, "mean": means, "workloads": ranking})
+
+        prior, line = ModelCache().load_or_train(db, db.identity, target, exclude=[task.key])
+        print(f"\n{line}")
+
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model in (
+            ("scratch", XGBModel(seed=args.seed)),
+            ("pre-trained", XGBModel(seed=args.seed, prior=prior)),
+        ):
+            print(f"\ntuning {task.name} ({task.flop_count / 1e6:.0f} MFLOP), {name}, {args.trials} trials")
+            runs[name] = tune_target(task, model, args.trials, args.threads, args.seed, Path(tmp) / f"{name}.jsonl")
+
+    best = min(min(r["costs"]) for r in runs.values())
+    goal = best / REACH
+    print(
+        f"\nbest latency found: {best * 1e3:.4f} ms ({task.flop_count / best / 1e9:.1f} GFLOP/s); "
+        f"{REACH:.0%} of it: {goal * 1e3:.4f} ms"
+    )
+    needed = {}
+    for name, r in runs.items():
+        needed[name] = trials_to_reach(r["costs"], goal)
+        own = min(r["costs"])
+        shown = needed[name] if needed[name] is not None else f"> {len(r['costs'])}"
+        print(f"  {name:<12} trials to reach it: {shown:>6}   best {own * 1e3:.4f} ms   tuning {r['wall_s']:.0f} s")
+        rows.append(
+            {
+                "experiment": "tune_unseen_workload",
+                "workload": task.name,
+                "model": name,
+                "threads": args.threads,
+                "trials": len(r["costs"]),
+                "tuning_s": round(r["wall_s"], 1),
+                "best_ms": round(own * 1e3, 4),
+                "trials_to_95pct_of_best": needed[name],
+                "curve": [(n, round(c * 1e3, 4)) for n, c in r["curve"]],
+            }
+        )
+    if needed["scratch"] and needed["pre-trained"]:
+        print(f"  pre-training needed {needed['scratch'] / needed['pre-trained']:.1f}x fewer trials")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
