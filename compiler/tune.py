@@ -77,6 +77,9 @@ class TuneOptions:
     strategy: str = "gradient"  # or "round-robin"
     seed: int = 0
     params: SearchParams = field(default_factory=SearchParams)
+    # a task's first round measures the rule-based default schedule too (False: only what the search proposes, as
+    # bench.transfer compares searches)
+    measure_default: bool = True
 
 
 class TaskScheduler:
@@ -157,7 +160,7 @@ class TaskScheduler:
             # warm-up: every task not yet measured gets a round (the default schedule joins its first batch)
             for i, p in enumerate(self.progress):
                 if p.trials == 0 and not self._out_of_budget(start):
-                    self._round(i, with_default=True, size=self._warmup_size(p))
+                    self._round(i, with_default=opts.measure_default, size=self._warmup_size(p))
             while not self._out_of_budget(start):
                 live = [i for i, p in enumerate(self.progress) if not p.done]
                 if not live:

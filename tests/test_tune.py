@@ -229,3 +229,12 @@ def test_warm_up_round_shrinks_with_the_task_share_of_the_model_flops(tmp_path):
     assert [sched._warmup_size(p) for p in sched.progress] == [64, 16]
     tasks[1].weight = 256  # half
     assert [sched._warmup_size(p) for p in sched.progress] == [64, 32]
+
+
+def test_without_the_default_schedule_every_program_comes_from_the_search(builder, runner, tmp_path):
+    db = JSONLinesDatabase(tmp_path / "records.jsonl")
+    options = TuneOptions(trials=4, measures_per_round=4, params=PARAMS, seed=3, measure_default=False)
+    TaskScheduler([TASK], db, options, model=XGBModel(seed=3), builder=builder, runner=runner).run()
+    records = list(db)
+    assert len(records) == 4 and all(r.trace is not None for r in records)
+    assert program_key(default_schedule(DAG)) not in {json.dumps(r.steps, separators=(",", ":")) for r in records}
