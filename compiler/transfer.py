@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from compiler import features
+from compiler.build import target_name
 from compiler.cost_model import XGBModel
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
@@ -72,11 +73,11 @@ def featurize_records(
     """Features of each record's program for `target` (its own workload's DAG, its own steps), failures included
     (they teach the model what does not run); records of `exclude` workloads and of unknown workloads are left
     out, and so are step lists this tilefarm no longer replays."""
-    left_out = set(exclude)
+    left_out, name = set(exclude), target_name(target)
     by_workload: dict[str, list[TuningRecord]] = {}
     skipped = 0
     for r in records:
-        if r.workload_key in left_out or r.workload_key not in dags or r.target != _target_name(target):
+        if r.workload_key in left_out or r.workload_key not in dags or r.target != name:
             skipped += 1
             continue
         by_workload.setdefault(r.workload_key, []).append(r)
@@ -108,12 +109,6 @@ def pretrain(data: TrainingSet, seed: int = 43, nthread: int = 0) -> XGBModel:
     return model
 
 
-def _target_name(target: Target) -> str:
-    from compiler.build import target_name  # build imports codegen; only pre-training needs the name here
-
-    return target_name(target)
-
-
 class ModelCache:
     """Pre-trained models on disk, one per (database, target, host, feature code), refreshed as records arrive."""
 
@@ -121,7 +116,7 @@ class ModelCache:
         self.directory = Path(directory) if directory else default_cache_dir()
 
     def path_for(self, database_id: str, target: Target) -> Path:
-        what = json.dumps([database_id, _target_name(target), target.fingerprint(), _feature_code(), VERSION])
+        what = json.dumps([database_id, target_name(target), target.fingerprint(), _feature_code(), VERSION])
         return self.directory / f"cost-model-{hashlib.sha256(what.encode()).hexdigest()[:24]}.npz"
 
     def load_or_train(

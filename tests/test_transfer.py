@@ -215,3 +215,17 @@ def test_tune_with_a_database_starts_from_its_records(tmp_path, capsys, monkeypa
     assert main([*tune, "--shape", "8,24,16", "--trials", "4", "--no-transfer"]) == 0
     assert "pre-trained" not in capsys.readouterr().out
     assert math.isfinite(min(r.mean_cost for r in SQLDatabase(url)))
+
+
+def test_the_benchmark_counts_trials_until_the_held_best_is_good_enough():
+    from bench.transfer import running_best, trials_to_reach
+
+    costs = [3.0, math.inf, 2.0, 2.5, 1.0]
+    recs = [
+        TuningRecord("w", "t", "h", (), () if math.isinf(c) else (c,), "run" if math.isinf(c) else None) for c in costs
+    ]
+    held = running_best(recs)
+    assert held == [0, 0, 2, 2, 4]
+    latency = [costs[i] for i in held]
+    assert trials_to_reach(latency, 2.0) == 3 and trials_to_reach(latency, 1.0) == 5
+    assert trials_to_reach(latency, 0.5) is None
