@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -109,34 +110,154 @@ class Record(Base):
     trace: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))  # how the search made it
 
 
+class Team(Base):
+    """A team: it owns its models, jobs and artifacts; tuning records are shared by every team by design."""
+
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = _created_at()
+
+
+class ApiToken(Base):
+    """A bearer token of a team. Only its sha256 is stored; `prefix` (its first characters) names it in listings."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = _created_at()
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class UploadedModel(Base):
-    """A model file uploaded to the service (identified by the sha256 of its bytes)."""
+    """An ONNX model a team uploaded; the same bytes uploaded twice by one team are one model."""
 
     __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("team_id", "sha256"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    sha256: Mapped[str] = mapped_column(String(64))
     name: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(Text)  # in the service's storage folder, shared with the workers
     input_shapes: Mapped[Any | None] = mapped_column(JSON)  # {"input": [1, 3, 224, 224]}
     created_at: Mapped[datetime] = _created_at()
 
 
 class ModelTask(Base):
-    """A model calls a workload `weight` times."""
+    """Task `position` of a model (the order `extract_tasks` gives) is a workload called `weight` times."""
 
     __tablename__ = "model_tasks"
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), primary_key=True, index=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
     weight: Mapped[int] = mapped_column(Integer, default=1)
 
 
+class Job(Base):
+    """A tuning job: a model tuned on one host class (fingerprint) for a target, within a trial and time budget.
+
+    States: queued -> running -> succeeded | failed | cancelled; cancelled and failed jobs can be resumed (queued
+    again). `attempt` grows with every enqueue: a search task whose attempt is not the job's is stale and stops."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_team_state", "team_id", "state"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    target: Mapped[str] = mapped_column(String(255))  # e.g. "llvm -mcpu=znver4"
+    host: Mapped[str] = mapped_column(String(64))  # the fingerprint of the measuring host class
+    queue: Mapped[str] = mapped_column(String(128))  # measure.cpu.<fingerprint>
+    trials: Mapped[int] = mapped_column(Integer)  # the budget of new measurements
+    time_budget_s: Mapped[float | None] = mapped_column(Float)
+    per_round: Mapped[int] = mapped_column(Integer, default=64)
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    tuning_s: Mapped[float] = mapped_column(Float, default=0.0)  # wall time spent tuning, over every attempt
+    estimated_latency: Mapped[float | None] = mapped_column(Float)  # seconds: sum of weight x best over tasks
+    tasks: Mapped[Any | None] = mapped_column(JSON)  # the per-task table of the last round, a list of dicts
+    error_message: Mapped[str] = mapped_column(Text, default="")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))  # the worker running its search
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = _created_at()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobPoint(Base):
+    """One point of a job's convergence curve, written after every round."""
+
+    __tablename__ = "job_points"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    trials: Mapped[int] = mapped_column(Integer)
+    elapsed_s: Mapped[float] = mapped_column(Float)
+    estimated_latency: Mapped[float | None] = mapped_column(Float)  # NULL while a task has no valid program
+    task: Mapped[int | None] = mapped_column(Integer)  # the task position the round measured
+    task_best: Mapped[Any | None] = mapped_column(JSON)  # best latency per task position (NULL: none yet)
+    errors: Mapped[Any | None] = mapped_column(JSON)  # {"build": 2, ...} of this round
+    created_at: Mapped[datetime] = _created_at()
+
+
+class MeasureBatch(Base):
+    """A batch of candidates sent to a measurement queue: who took it, when, and how it ended."""
+
+    __tablename__ = "measure_batches"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the Celery task id
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[int | None] = mapped_column(Integer)  # the task position in the job's model
+    size: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(128))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="sent")  # sent, running, done, lost, failed
+    try_number: Mapped[int] = mapped_column(Integer, default=1)
+    errors: Mapped[Any | None] = mapped_column(JSON)
+    sent_at: Mapped[datetime] = _created_at()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerRow(Base):
+    """A Celery worker process: what it measures on, which queues it serves, and when it was last alive."""
+
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # Celery's node name, e.g. measure@host
+    kind: Mapped[str] = mapped_column(String(16))  # cpu, gpu, npu; "search" for a search-only worker
+    fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
+    target: Mapped[Any | None] = mapped_column(JSON)  # compiler.target.Target's fields
+    queues: Mapped[Any] = mapped_column(JSON)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime] = _created_at()
+    last_heartbeat: Mapped[datetime] = _created_at()
+    measurements_done: Mapped[int] = mapped_column(Integer, default=0)
+    current_batch: Mapped[str | None] = mapped_column(String(64))
+    stopped: Mapped[bool] = mapped_column(Boolean, default=False)  # a clean shutdown, as opposed to lost
+
+
 class ArtifactRow(Base):
-    """A compiled artifact (.tar) and the records it was built from."""
+    """A compiled artifact (.tar) of a team's model: queued, building, ready (with its sha256) or failed."""
 
     __tablename__ = "artifacts"
     id: Mapped[int] = mapped_column(primary_key=True)
-    sha256: Mapped[str] = mapped_column(String(64), index=True)
-    path: Mapped[str] = mapped_column(Text)
-    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"), index=True)
-    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id"))
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    target: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(64))  # the host class its kernels were compiled and tuned for
+    sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    path: Mapped[str | None] = mapped_column(Text)
     records_used: Mapped[Any | None] = mapped_column(JSON)  # meta.json's "records": one entry per tuned task
+    error_message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = _created_at()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -20,6 +20,13 @@ import pytest
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 
 
+@pytest.fixture(autouse=True)
+def _cache_home(tmp_path_factory, monkeypatch):
+    """Pre-trained cost models (compiler.transfer) are cached under $XDG_CACHE_HOME: the tests' go to their temporary
+    directory, never to the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def pg_database():
     """A fresh PostgreSQL database for this test session, dropped at the end."""

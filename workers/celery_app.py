@@ -1,0 +1,65 @@
+"""The Celery app, configured from the service settings, and the queue names hosts are addressed by.
+
+Queues: `search` (the tasks that drive tuning jobs: CPU-light, long-lived), `measure.<kind>.<fingerprint>` (one
+per host class: its workers build in parallel and run one measurement at a time), and the same queue for compiles,
+since an artifact is compiled on the host class it was tuned for. Farm: Redis as broker and result backend.
+Embedded (no TILEFARM_BROKER_URL): kombu's file-system transport and Celery's file result backend in the storage
+folder, so `tilefarm serve` needs no server and runs the very same tasks."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from server.settings import Settings
+
+SEARCH_QUEUE = "search"
+SEARCH_JOB = "tilefarm.search_job"
+MEASURE_BATCH = "tilefarm.measure_batch"
+COMPILE_ARTIFACT = "tilefarm.compile_artifact"
+
+
+def measure_queue(fingerprint: str, kind: str = "cpu") -> str:
+    return f"measure.{kind}.{fingerprint}"
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("tilefarm", set_as_current=False)
+    if settings.embedded:
+        root = settings.storage / "broker"
+        for sub in ("queue", "processed", "results"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        broker = "filesystem://"
+        transport = {
+            "data_folder_in": str(root / "queue"),
+            "data_folder_out": str(root / "queue"),
+            "processed_folder": str(root / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.2,
+        }
+        backend = f"file://{root / 'results'}"
+    else:
+        broker = settings.broker_url
+        transport = {"visibility_timeout": settings.visibility_timeout_s}
+        backend = settings.broker_url
+    app.conf.update(
+        broker_url=broker,
+        result_backend=backend,
+        broker_transport_options=transport,
+        result_backend_transport_options=transport if not settings.embedded else {},
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        # a message is acknowledged only once its task has finished, and a task whose worker died is given back,
+        # so a lost worker loses no batch; record commits are idempotent, so running one twice is harmless
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,  # the result shows which worker took a batch (its heartbeat tells if it died)
+        result_extended=True,
+        result_expires=7 * 24 * 3600,
+        task_default_queue=SEARCH_QUEUE,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return app
