@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "token", "password", "tilefarm", ""}
 
@@ -70,7 +70,7 @@ class Settings(BaseSettings):
         prefix = "TILEFARM_"
         values = {k[len(prefix) :].lower(): v for k, v in environ.items() if k.startswith(prefix) and v != ""}
         known = {k: v for k, v in values.items() if k in Settings.model_fields}
-        s = Settings.model_construct(**_Given(**known).model_dump())  # validated from `environ` alone
+        s = Settings.model_construct(**_Given.model_validate(known).model_dump())  # validated from `environ` alone
         updates: dict = {}
         if not s.database_url:
             updates["database_url"] = default_database_url(environ)
@@ -93,5 +93,12 @@ class _Given(Settings):
     """Settings validated from the values given, with no environment or dotenv source behind them."""
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **sources):
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
