@@ -63,6 +63,7 @@ DEFAULT_L3 = 32 << 20  # the flush buffer is twice the L3, and this is assumed w
 class MeasureInput:
     task: Task
     steps: tuple[Step, ...]
+    trace: dict | None = None  # how the search made it (kept with the record; a remote runner sends it along)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def to_record(inp: MeasureInput, res: MeasureResult, target: Target) -> TuningRe
         error=res.error,
         error_message=res.message,
         timestamp=res.timestamp,
+        trace=inp.trace,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -227,7 +227,7 @@ class TaskScheduler:
         if not cands:
             p.done, p.why_done = True, "search space exhausted"
             return
-        inputs = [MeasureInput(p.task, c.state.steps) for c in cands]
+        inputs = [MeasureInput(p.task, c.state.steps, c.trace) for c in cands]
         t0 = time.perf_counter()
         builds = self.builder.build(inputs)
         self.stats.build_s += time.perf_counter() - t0
@@ -240,8 +240,8 @@ class TaskScheduler:
                     Path(b.path).unlink(missing_ok=True)
         self.stats.run_s += time.perf_counter() - t0
         costs = []
-        for c, inp, res in zip(cands, inputs, results):
-            rec = replace(to_record(inp, res, self.target), trace=c.trace)
+        for inp, res in zip(inputs, results):
+            rec = to_record(inp, res, self.target)
             self.database.commit(rec)
             costs.append(res.mean_cost)
             if res.error:

@@ -390,6 +390,14 @@ def cmd_example(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from compiler.tune import TRIALS_PER_TASK
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:  # the worker's options are its own (workers/worker.py), --help included
+        from workers.worker import main as worker_main
+
+        return worker_main(argv[1:])
+    from tilefarm.remote import add_remote_parser
+    from tilefarm.serve import add_serve_parser
+
     p = argparse.ArgumentParser(prog="tilefarm", description="a deep-learning compiler with an auto-scheduler")
     sub = p.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernel", help=cmd_kernel.__doc__)
@@ -478,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("example", help=cmd_example.__doc__)
     e.add_argument("name")
     e.add_argument("-o", "--output", required=True)
+    add_serve_parser(sub)
+    add_remote_parser(sub)
+    sub.add_parser("worker", help="start a measurement-farm worker (Celery); see tilefarm worker --help")
     args = p.parse_args(argv)
     commands = {
         "kernel": cmd_kernel,
@@ -491,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         "records": cmd_records,
     }
     try:
-        return commands[args.command](args)
+        return args.func(args) if "func" in args else commands[args.command](args)
     except TilefarmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,13 +26,15 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("tilefarm", set_as_current=False)
     if settings.embedded:
         root = settings.storage / "broker"
-        for sub in ("queue", "processed", "results"):
+        for sub in ("queue", "processed", "results", "control"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        broker = "filesystem://"
+        broker = "filesystem://localhost//"  # a host named, or kombu warns on every connection that it assumes one
         transport = {
             "data_folder_in": str(root / "queue"),
             "data_folder_out": str(root / "queue"),
             "processed_folder": str(root / "processed"),
+            # broadcast exchanges (remote control: revoke) are files here; kombu's default is ./control in the cwd
+            "control_folder": str(root / "control"),
             "store_processed": False,
             "polling_interval": 0.2,
         }

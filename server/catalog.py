@@ -1,0 +1,294 @@
+"""A team's uploaded models: registering one (checked by the compiler's ONNX frontend, its tasks described in the
+records database), the model object the API shows (tasks, and the records' coverage for a host class), and which
+host class and target a job, a compile or a coverage question is about."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from compiler import dag_json
+from compiler.build import target_name
+from compiler.dag import ComputeDAG
+from compiler.onnx_frontend import load, parse_input_shapes
+from compiler.target import Target
+from compiler.tasks import Task, extract_tasks
+from compiler.tune import TRIALS_PER_TASK, coverage
+from server import storage
+from server.database import SQLDatabase, this_host
+from server.db import session_scope
+from server.models import Host, ModelTask, UploadedModel, WorkerRow, Workload
+from server.schemas import CoverageOut, Invalid, ModelOut, ModelTaskOut, NotFound, TaskCoverageOut, as_utc
+from server.settings import Settings
+
+TARGET_ALIASES = ("llvm", "cpu", "host")  # the only target kind so far: LLVM for the CPU of the host class
+NAME_CHARS = 255
+
+
+@functools.cache
+def records_db(url: str) -> SQLDatabase:
+    """The records database on the service's own database, one per URL and process."""
+    return SQLDatabase(url)
+
+
+# ---------------------------------------------------------------------------------------------- host classes
+
+
+def is_alive(worker: WorkerRow, settings: Settings, now: datetime | None = None) -> bool:
+    now = now or datetime.now(UTC)
+    grace = timedelta(seconds=settings.worker_grace_s)
+    return not worker.stopped and now - as_utc(worker.last_heartbeat) <= grace
+
+
+def default_host(session: Session, settings: Settings) -> str:
+    """The fingerprint of the live measurement workers when they all share one, else this server's own."""
+    workers = session.scalars(
+        select(WorkerRow).where(
+            WorkerRow.stopped.is_(False), WorkerRow.fingerprint.is_not(None), WorkerRow.kind != "search"
+        )
+    )
+    fingerprints = {w.fingerprint for w in workers if is_alive(w, settings)}
+    return str(fingerprints.pop()) if len(fingerprints) == 1 else this_host()
+
+
+def _target(fields: Mapping[str, Any]) -> Target | None:
+    known = {f.name for f in dataclasses.fields(Target)}
+    try:
+        return Target(**{k: v for k, v in fields.items() if k in known})
+    except TypeError:
+        return None
+
+
+def host_target(session: Session, settings: Settings, fingerprint: str) -> Target:
+    """The Target of a host class: as a worker of it stored it (live ones first), this server's own, or rebuilt from
+    the host row its records came with. Only one whose fingerprint is `fingerprint` will do: records are filed
+    under it, so another would answer coverage for the wrong machines."""
+    workers = list(
+        session.scalars(select(WorkerRow).where(WorkerRow.fingerprint == fingerprint, WorkerRow.target.is_not(None)))
+    )
+    workers.sort(key=lambda w: (is_alive(w, settings), as_utc(w.last_heartbeat)), reverse=True)
+    for w in workers:
+        target = _target(w.target) if isinstance(w.target, dict) else None
+        if target is not None and target.fingerprint() == fingerprint:
+            return target
+    if fingerprint == this_host():
+        return Target.host()
+    host = session.scalar(select(Host).where(Host.fingerprint == fingerprint))
+    if host is not None and host.mcpu:
+        target = Target(
+            kind=host.kind or "cpu",
+            mcpu=host.mcpu,
+            features=host.isa_features or "",
+            cores=host.cores or 1,
+            cpu_model=host.cpu_model or "",
+            l1_bytes=host.l1_bytes,
+            l2_bytes=host.l2_bytes,
+            l3_bytes=host.l3_bytes,
+        )
+        if target.fingerprint() == fingerprint:
+            return target
+    raise Invalid(
+        f"unknown host {fingerprint!r}: no worker has registered with this fingerprint and no records describe it; "
+        "start `tilefarm worker` on such a machine (GET /api/v1/workers lists the known ones)",
+        code="unknown_host",
+    )
+
+
+def resolve_target(session: Session, settings: Settings, target: str, host: str | None) -> Target:
+    """The Target a job or compile asks for: `target` must be an alias of llvm; `host` defaults to default_host."""
+    if target.strip().lower() not in TARGET_ALIASES:
+        raise Invalid(
+            f"target {target!r} is not supported yet: use llvm (code for the CPU of the host class)",
+            code="unsupported_target",
+        )
+    return host_target(session, settings, host or default_host(session, settings))
+
+
+# ---------------------------------------------------------------------------------------------- registering
+
+
+def parse_shapes(text: str | None) -> dict[str, list[int]] | None:
+    """The `input_shapes` form field: a JSON object ({"input": [1, 3, 224, 224]}) or the CLI's x:[1,3,224,224]."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return parse_input_shapes(text)
+
+    def dims(v: object) -> bool:
+        return isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+
+    if not isinstance(value, dict) or not all(dims(v) for v in value.values()):
+        raise Invalid(
+            "input_shapes: expected a JSON object of input name to a list of non-negative integers, e.g. "
+            '{"input": [1, 3, 224, 224]}'
+        )
+    return value
+
+
+def find_model(session: Session, team_id: int, sha256: str) -> UploadedModel | None:
+    return session.scalar(select(UploadedModel).where(UploadedModel.team_id == team_id, UploadedModel.sha256 == sha256))
+
+
+def register_model(
+    settings: Settings,
+    team_id: int,
+    upload: storage.StoredFile,
+    name: str,
+    input_shapes: dict[str, list[int]] | None,
+) -> tuple[ModelOut, bool]:
+    """Register an upload as a model of the team; returns its model object and whether the team had it already.
+    The upload must load and split into tasks (a TilefarmError says why not); on any failure no row and no file
+    are left behind."""
+    try:
+        with session_scope(settings, write=False) as session:
+            model = find_model(session, team_id, upload.sha256)
+            if model is not None:
+                return model_view(session, settings, model), True
+        # bytes, not the path: the frontend's messages would name the server's storage folder
+        graph = load(upload.path.read_bytes(), input_shapes)
+        tasks, _, _ = extract_tasks(graph)
+        records_db(settings.database_url).describe_workloads(tasks)  # committed on its own: shared, idempotent
+        path, created = storage.keep(settings, upload)
+        try:
+            with session_scope(settings) as session:
+                model = UploadedModel(
+                    team_id=team_id,
+                    sha256=upload.sha256,
+                    name=name[:NAME_CHARS],
+                    size_bytes=upload.size,
+                    path=str(path),
+                    input_shapes=input_shapes,
+                )
+                session.add(model)
+                session.flush()
+                keys = [t.key for t in tasks]
+                found = session.execute(select(Workload.key, Workload.id).where(Workload.key.in_(keys))).all()
+                ids: dict[str, int] = dict(found)
+                session.add_all(
+                    ModelTask(model_id=model.id, position=i, workload_id=ids[t.key], name=t.name, weight=t.weight)
+                    for i, t in enumerate(tasks)
+                )
+        except BaseException as e:
+            if created:
+                _delete_unreferenced(settings, path)
+            if isinstance(e, IntegrityError):  # the same bytes came in a concurrent upload of this team, first
+                with session_scope(settings, write=False) as session:
+                    existing = find_model(session, team_id, upload.sha256)
+                    if existing is not None:
+                        return model_view(session, settings, existing), True
+            raise
+        with session_scope(settings, write=False) as session:
+            model = session.get_one(UploadedModel, model.id)
+            return model_view(session, settings, model, tasks=tasks), False
+    finally:
+        storage.discard(upload)  # the temporary file, if it was not moved to its content address
+
+
+def _delete_unreferenced(settings: Settings, path: Path) -> None:
+    """Delete a model file no row names (another team may have registered the same bytes meanwhile)."""
+    with session_scope(settings, write=False) as session:
+        if not session.scalar(select(exists().where(UploadedModel.path == str(path)))):
+            storage.delete(path)
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+
+def get_model(session: Session, team_id: int, model_id: int) -> UploadedModel:
+    """A model of the team; another team's id is as unknown as a missing one."""
+    model = session.get(UploadedModel, model_id)
+    if model is None or model.team_id != team_id:
+        raise NotFound(f"no model {model_id}")
+    return model
+
+
+def list_models(session: Session, team_id: int) -> list[ModelOut]:
+    models = session.scalars(
+        select(UploadedModel).where(UploadedModel.team_id == team_id).order_by(UploadedModel.id.desc())
+    )
+    return [model_view(session, None, m) for m in models]
+
+
+@functools.lru_cache(maxsize=1024)
+def _dag(key: str, text: str) -> ComputeDAG:
+    return dag_json.from_json(text, key)
+
+
+def _task_rows(session: Session, model_id: int) -> list[tuple[ModelTask, Workload]]:
+    q = (
+        select(ModelTask, Workload)
+        .join(Workload, Workload.id == ModelTask.workload_id)
+        .where(ModelTask.model_id == model_id)
+        .order_by(ModelTask.position)
+    )
+    return [(mt, w) for mt, w in session.execute(q)]
+
+
+def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[ModelTask, Workload]]) -> list[Task]:
+    """The model's tasks rebuilt from their stored DAGs; the model is loaded again only if one does not rebuild."""
+    try:
+        return [Task(w.key, _dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
+    except dag_json.DAGFormatError:
+        graph = load(storage.resolve(settings, model.path).read_bytes(), model.input_shapes)
+        return extract_tasks(graph)[0]
+
+
+def coverage_view(session: Session, settings: Settings, tasks: list[Task], fingerprint: str) -> CoverageOut:
+    """What the records hold for each task on one host class, and the trials still needed (compiler.tune.coverage)."""
+    target = host_target(session, settings, fingerprint)
+    covered = coverage(tasks, records_db(settings.database_url), target, TRIALS_PER_TASK)
+    rows = [
+        TaskCoverageOut(
+            position=i,
+            records=c.valid,
+            best_latency_s=c.best.mean_cost if c.best is not None else None,
+            trials_needed=c.trials_needed,
+        )
+        for i, c in enumerate(covered)
+    ]
+    return CoverageOut(
+        host=fingerprint,
+        target=target_name(target),
+        tasks=rows,
+        trials_needed=sum(c.trials_needed for c in covered),
+        tuned_tasks=sum(1 for c in covered if c.trials_needed == 0),
+    )
+
+
+def model_view(
+    session: Session,
+    settings: Settings | None,
+    model: UploadedModel,
+    host: str | None = None,
+    tasks: list[Task] | None = None,
+) -> ModelOut:
+    """The model object; with settings, its coverage on `host` (default: the default host)."""
+    rows = _task_rows(session, model.id)
+    cover = None
+    if settings is not None:
+        tasks = tasks if tasks is not None else model_tasks(settings, model, rows)
+        cover = coverage_view(session, settings, tasks, host or default_host(session, settings))
+    return ModelOut(
+        id=model.id,
+        name=model.name,
+        sha256=model.sha256,
+        size_bytes=model.size_bytes,
+        input_shapes=model.input_shapes,
+        created_at=model.created_at,
+        tasks=[
+            ModelTaskOut(position=mt.position, name=mt.name, workload_key=w.key, weight=mt.weight, flops=w.flops)
+            for mt, w in rows
+        ],
+        coverage=cover,
+    )

@@ -1,0 +1,269 @@
+"""Work a team sends to the farm: tuning jobs (created queued and sent to the search queue, cancelled, resumed) and
+compiles (artifacts built on a worker of the host class), with the JSON views the API shows of them.
+
+A job's row is committed before its message is sent, so the search task always finds it; every enqueue carries the
+job's `attempt`, and a search task whose attempt is no longer the job's stops (server/models.py's Job)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from compiler.build import target_name
+from server import catalog
+from server.db import session_scope
+from server.models import ArtifactRow, Job, JobPoint, ModelTask, UploadedModel, Workload
+from server.schemas import (
+    ArtifactOut,
+    CompileRequest,
+    Conflict,
+    JobCreate,
+    JobOut,
+    JobTaskRow,
+    NotFound,
+    PointOut,
+    Progress,
+    Unavailable,
+)
+from server.settings import Settings
+from workers.celery_app import measure_queue
+from workers.dispatch import enqueue_compile, enqueue_job
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+STATES = ("queued", "running", *TERMINAL)
+RESUMABLE = ("failed", "cancelled")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _broker_down(e: Exception, what: str) -> Unavailable:
+    return Unavailable(f"the broker did not take the {what}: {_one_line(e)}", code="broker_unavailable")
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def get_job(session: Session, team_id: int, job_id: int, lock: bool = False) -> Job:
+    """A job of the team; another team's id is as unknown as a missing one. `lock`: SELECT ... FOR UPDATE, so a
+    state change cannot interleave with the search task's own (PostgreSQL; SQLite has one writer anyway)."""
+    job = session.get(Job, job_id, with_for_update=lock)
+    if job is None or job.team_id != team_id:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def create_job(settings: Settings, team_id: int, request: JobCreate) -> JobOut:
+    """A queued job (attempt 1) on the requested host class, sent to the search queue."""
+    with session_scope(settings, write=False) as session:
+        model = catalog.get_model(session, team_id, request.model_id)
+        target = catalog.resolve_target(session, settings, request.target, request.host)
+    host = target.fingerprint()
+    with session_scope(settings) as session:
+        job = Job(
+            team_id=team_id,
+            model_id=model.id,
+            state="queued",
+            target=target_name(target),
+            host=host,
+            queue=measure_queue(host, target.kind),
+            trials=request.trials,
+            time_budget_s=request.time_budget_s,
+            per_round=request.per_round,
+            seed=request.seed,
+            attempt=1,
+            updated_at=_now(),
+        )
+        session.add(job)
+        session.flush()
+        job_id = job.id
+    _enqueue(settings, job_id, 1)
+    return job_out(settings, team_id, job_id)
+
+
+def _enqueue(settings: Settings, job_id: int, attempt: int) -> None:
+    try:
+        enqueue_job(settings, job_id, attempt)
+    except Exception as e:
+        error = _broker_down(e, "job")
+        with session_scope(settings) as session:
+            job = session.get(Job, job_id)
+            if job is not None and job.attempt == attempt and job.state == "queued":
+                job.state, job.finished_at, job.updated_at = "failed", _now(), _now()
+                job.error_message = f"{error.detail}; resume the job once the broker is reachable"
+        raise error from None
+
+
+def cancel_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
+    """Request a stop: a queued job is cancelled at once, a running one by its search at the end of its round."""
+    with session_scope(settings) as session:
+        job = get_job(session, team_id, job_id, lock=True)
+        if job.state in TERMINAL:
+            raise Conflict(f"job {job_id} is {job.state} already", code="job_finished")
+        job.cancel_requested = True
+        job.updated_at = _now()
+        if job.state == "queued":
+            job.state, job.finished_at = "cancelled", _now()
+    return job_out(settings, team_id, job_id)
+
+
+def resume_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
+    """Queue a failed or cancelled job again as its next attempt; its search resumes from the records database."""
+    with session_scope(settings) as session:
+        job = get_job(session, team_id, job_id, lock=True)
+        if job.state not in RESUMABLE:
+            raise Conflict(
+                f"job {job_id} is {job.state}: only a failed or cancelled job can be resumed", code="job_not_resumable"
+            )
+        job.state, job.cancel_requested, job.error_message = "queued", False, ""
+        job.attempt += 1
+        job.worker, job.finished_at, job.updated_at = None, None, _now()
+        attempt = job.attempt
+    _enqueue(settings, job_id, attempt)
+    return job_out(settings, team_id, job_id)
+
+
+def _model_task_table(session: Session, model_id: int) -> list[dict]:
+    """The task table of a job no round has finished yet: the model's tasks, nothing measured."""
+    q = (
+        select(ModelTask.position, ModelTask.name, ModelTask.weight, Workload.flops)
+        .join(Workload, Workload.id == ModelTask.workload_id)
+        .where(ModelTask.model_id == model_id)
+        .order_by(ModelTask.position)
+    )
+    return [{"position": p, "name": n, "weight": w, "flops": f} for p, n, w, f in session.execute(q)]
+
+
+def job_view(session: Session, job: Job, model_name: str | None = None) -> JobOut:
+    if model_name is None:
+        model_name = session.get_one(UploadedModel, job.model_id).name
+    rows = job.tasks if isinstance(job.tasks, list) else _model_task_table(session, job.model_id)
+    return JobOut(
+        id=job.id,
+        model_id=job.model_id,
+        model_name=model_name,
+        state=job.state,
+        target=job.target,
+        host=job.host,
+        trials=job.trials,
+        trials_done=job.trials_done,
+        time_budget_s=job.time_budget_s,
+        per_round=job.per_round,
+        seed=job.seed,
+        estimated_latency_s=job.estimated_latency,
+        tuning_s=job.tuning_s,
+        error_message=job.error_message,
+        worker=job.worker,
+        attempt=job.attempt,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        tasks=[JobTaskRow.model_validate({"position": i, **r}) for i, r in enumerate(rows) if isinstance(r, dict)],
+    )
+
+
+def job_out(settings: Settings, team_id: int, job_id: int) -> JobOut:
+    with session_scope(settings, write=False) as session:
+        return job_view(session, get_job(session, team_id, job_id))
+
+
+def list_jobs(session: Session, team_id: int, state: str | None = None, limit: int = 100) -> list[JobOut]:
+    """The team's jobs, newest first."""
+    q = select(Job, UploadedModel.name).join(UploadedModel, UploadedModel.id == Job.model_id)
+    q = q.where(Job.team_id == team_id)
+    if state is not None:
+        q = q.where(Job.state == state)
+    rows = session.execute(q.order_by(Job.id.desc()).limit(limit))
+    return [job_view(session, job, name) for job, name in rows]
+
+
+def point_view(p: JobPoint) -> PointOut:
+    return PointOut(
+        id=p.id,
+        trials=p.trials,
+        elapsed_s=p.elapsed_s,
+        estimated_latency_s=p.estimated_latency,
+        task=p.task,
+        task_best=p.task_best,
+        errors=p.errors,
+        created_at=p.created_at,
+    )
+
+
+def progress(settings: Settings, team_id: int, job_id: int, after: int = 0) -> Progress:
+    """The job object and its convergence points with an id above `after` (what a poller has not seen yet)."""
+    with session_scope(settings, write=False) as session:
+        job = get_job(session, team_id, job_id)
+        points = session.scalars(
+            select(JobPoint).where(JobPoint.job_id == job.id, JobPoint.id > after).order_by(JobPoint.id)
+        )
+        return Progress(job=job_view(session, job), points=[point_view(p) for p in points])
+
+
+# ---------------------------------------------------------------------------------------------- compiles
+
+
+def get_artifact(session: Session, team_id: int, artifact_id: int) -> ArtifactRow:
+    artifact = session.get(ArtifactRow, artifact_id)
+    if artifact is None or artifact.team_id != team_id:
+        raise NotFound(f"no artifact {artifact_id}")
+    return artifact
+
+
+def artifact_view(session: Session, artifact: ArtifactRow, model_name: str | None = None) -> ArtifactOut:
+    if model_name is None:
+        model_name = session.get_one(UploadedModel, artifact.model_id).name
+    return ArtifactOut(
+        id=artifact.id,
+        model_id=artifact.model_id,
+        model_name=model_name,
+        state=artifact.state,
+        target=artifact.target,
+        host=artifact.host,
+        sha256=artifact.sha256,
+        size_bytes=artifact.size_bytes,
+        records_used=artifact.records_used,
+        error_message=artifact.error_message,
+        created_at=artifact.created_at,
+        finished_at=artifact.finished_at,
+    )
+
+
+def list_artifacts(session: Session, team_id: int) -> list[ArtifactOut]:
+    q = select(ArtifactRow, UploadedModel.name).join(UploadedModel, UploadedModel.id == ArtifactRow.model_id)
+    rows = session.execute(q.where(ArtifactRow.team_id == team_id).order_by(ArtifactRow.id.desc()))
+    return [artifact_view(session, a, name) for a, name in rows]
+
+
+def request_compile(settings: Settings, team_id: int, model_id: int, request: CompileRequest) -> ArtifactOut:
+    """A queued artifact of the model, built by a worker of the host class with the records' best schedules."""
+    with session_scope(settings, write=False) as session:
+        model = catalog.get_model(session, team_id, model_id)
+        target = catalog.resolve_target(session, settings, request.target, request.host)
+    host = target.fingerprint()
+    with session_scope(settings) as session:
+        artifact = ArtifactRow(
+            team_id=team_id, model_id=model.id, state="queued", target=target_name(target), host=host
+        )
+        session.add(artifact)
+        session.flush()
+        artifact_id = artifact.id
+    try:
+        enqueue_compile(settings, artifact_id, measure_queue(host, target.kind))
+    except Exception as e:
+        error = _broker_down(e, "compile")
+        with session_scope(settings) as session:
+            row = session.get_one(ArtifactRow, artifact_id)
+            row.state, row.error_message, row.finished_at = "failed", error.detail, _now()
+        raise error from None
+    with session_scope(settings, write=False) as session:
+        return artifact_view(session, get_artifact(session, team_id, artifact_id))

@@ -1,0 +1,119 @@
+"""Tuning jobs: create, list, show, cancel, resume, and their progress (polled, or streamed as server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from server import jobs
+from server.auth import CurrentTeam, CurrentTeamOrQuery, SessionDep, SettingsDep
+from server.schemas import ERROR_RESPONSES, JobCreate, JobOut, JobState, NotFound, Progress, error_responses
+from server.settings import Settings
+
+router = APIRouter(tags=["jobs"], responses=ERROR_RESPONSES)
+
+POLL_S = 0.5  # how often the event stream looks at the job
+KEEPALIVE_S = 15.0  # a comment line this often when nothing changed, so proxies keep the connection open
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, responses=error_responses(404, 503))
+def create_job(body: JobCreate, who: CurrentTeam, settings: SettingsDep) -> JobOut:
+    return jobs.create_job(settings, who.team_id, body)
+
+
+@router.get("/jobs")
+def list_jobs(
+    who: CurrentTeam,
+    session: SessionDep,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[JobOut]:
+    """The team's jobs, newest first."""
+    return jobs.list_jobs(session, who.team_id, state, limit)
+
+
+@router.get("/jobs/{job_id}", responses=error_responses(404))
+def get_job(job_id: int, who: CurrentTeam, session: SessionDep) -> JobOut:
+    return jobs.job_view(session, jobs.get_job(session, who.team_id, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", responses=error_responses(404, 409))
+def cancel_job(job_id: int, who: CurrentTeam, settings: SettingsDep) -> JobOut:
+    """A queued job is cancelled at once; a running one stops at the end of its current round."""
+    return jobs.cancel_job(settings, who.team_id, job_id)
+
+
+@router.post("/jobs/{job_id}/resume", responses=error_responses(404, 409, 503))
+def resume_job(job_id: int, who: CurrentTeam, settings: SettingsDep) -> JobOut:
+    """Queue a failed or cancelled job again; it goes on from the records it has measured."""
+    return jobs.resume_job(settings, who.team_id, job_id)
+
+
+@router.get("/jobs/{job_id}/progress", responses=error_responses(404))
+def job_progress(
+    job_id: int, who: CurrentTeam, settings: SettingsDep, after: Annotated[int, Query(ge=0)] = 0
+) -> Progress:
+    """The job and its convergence points with an id above `after`."""
+    return jobs.progress(settings, who.team_id, job_id, after)
+
+
+def _event(name: str, data: str, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {name}\ndata: {data}\n\n"
+
+
+async def _events(settings: Settings, team_id: int, job_id: int, current: Progress, after: int) -> AsyncIterator[str]:
+    """`progress` whenever the job or its points change, `end` once it is terminal. Each progress event's id is its
+    last point's, so a client that reconnects (Last-Event-ID) gets only the points it has not seen."""
+    sent_job, quiet = "", 0.0
+    while True:
+        job_json = current.job.model_dump_json()
+        if current.points or job_json != sent_job:
+            after = current.points[-1].id if current.points else after
+            yield _event("progress", current.model_dump_json(), after or None)
+            sent_job, quiet = job_json, 0.0
+        if current.job.state in jobs.TERMINAL:
+            yield _event("end", json.dumps({"id": job_id, "state": current.job.state}))
+            return
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+        if quiet >= KEEPALIVE_S:
+            yield ": keepalive\n\n"
+            quiet = 0.0
+        try:
+            current = await run_in_threadpool(jobs.progress, settings, team_id, job_id, after)
+        except NotFound:  # deleted meanwhile (with its model or team)
+            yield _event("end", json.dumps({"id": job_id, "state": "deleted"}))
+            return
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        **error_responses(404),
+        200: {"content": {"text/event-stream": {}}, "description": "server-sent events"},
+    },
+)
+async def job_events(
+    job_id: int,
+    who: CurrentTeamOrQuery,
+    settings: SettingsDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+) -> StreamingResponse:
+    """Server-sent events: `progress` (the /progress JSON with the new points) on every change, then `end`. The
+    token may be given as `?token=` here, since EventSource cannot set headers."""
+    since = max(after, last_event_id or 0)
+    first = await run_in_threadpool(jobs.progress, settings, who.team_id, job_id, since)  # a 404 before streaming
+    return StreamingResponse(
+        _events(settings, who.team_id, job_id, first, since),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

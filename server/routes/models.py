@@ -1,0 +1,86 @@
+"""A team's models: upload (multipart, streamed into storage), list, and one with its coverage on a host class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from server import catalog, storage
+from server.auth import CurrentTeam, SessionDep, SettingsDep
+from server.schemas import ERROR_RESPONSES, ModelOut, UploadedModelOut, error_responses
+
+router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
+
+# the body is read by hand (streamed, stopped at the size limit), so FastAPI cannot describe it by itself
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "the .onnx model"},
+                        "name": {"type": "string", "description": "default: the file's name"},
+                        "input_shapes": {
+                            "type": "string",
+                            "description": 'static input shapes as a JSON object, e.g. {"input": [1, 3, 224, 224]}',
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/models",
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=UPLOAD_BODY,
+    responses={
+        **error_responses(413),
+        200: {"model": UploadedModelOut, "description": "These bytes were uploaded before"},
+    },
+)
+async def upload_model(
+    request: Request, response: Response, who: CurrentTeam, settings: SettingsDep
+) -> UploadedModelOut:
+    """Upload an ONNX model (multipart `file`, optional `name` and `input_shapes`): 201 when new, 200 with
+    `duplicate` when the team had uploaded the same bytes; 413 over the size limit, 422 if it cannot compile."""
+    limit = settings.max_upload_bytes
+    storage.check_length(request.headers, limit)
+    upload = await storage.receive_multipart(settings, request.headers.get("content-type", ""), request.stream(), limit)
+    try:
+        shapes = catalog.parse_shapes(upload.fields.get("input_shapes"))
+        name = upload.fields.get("name", "").strip() or Path(upload.filename or "").stem or "model"
+        model, duplicate = await run_in_threadpool(
+            catalog.register_model, settings, who.team_id, upload.file, name, shapes
+        )
+    finally:
+        storage.discard(upload.file)
+    if duplicate:
+        response.status_code = status.HTTP_200_OK
+    return UploadedModelOut(**model.model_dump(), duplicate=duplicate)
+
+
+@router.get("/models")
+def list_models(who: CurrentTeam, session: SessionDep) -> list[ModelOut]:
+    """The team's models, newest first (without coverage: ask for one model to get it)."""
+    return catalog.list_models(session, who.team_id)
+
+
+@router.get("/models/{model_id}", responses=error_responses(404))
+def get_model(
+    model_id: int,
+    who: CurrentTeam,
+    session: SessionDep,
+    settings: SettingsDep,
+    host: Annotated[str | None, Query(max_length=64, description="host fingerprint; default: the workers'")] = None,
+) -> ModelOut:
+    model = catalog.get_model(session, who.team_id, model_id)
+    return catalog.model_view(session, settings, model, host)

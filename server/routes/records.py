@@ -1,0 +1,167 @@
+"""Tuning records, shared by every team: browse, export as JSON lines, import JSON lines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse
+from sqlalchemy import func, select
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from compiler.records import RecordError, TuningRecord
+from server import storage
+from server.auth import SessionDep, SettingsDep, current_team
+from server.catalog import records_db
+from server.models import Host, Record, TargetRow, Workload
+from server.schemas import ERROR_RESPONSES, ImportResult, Invalid, RecordOut, RecordPage, error_responses
+from server.settings import Settings
+
+router = APIRouter(tags=["records"], responses=ERROR_RESPONSES, dependencies=[Depends(current_team)])
+
+# the widths of the columns an imported record's fields go to (PostgreSQL refuses longer values mid-import)
+FIELD_CHARS = {"workload_key": 64, "host": 64, "target": 255, "error": 32, "version": 32}
+IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/x-ndjson": {"schema": {"type": "string", "description": "JSON lines (records export)"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                }
+            },
+        },
+    }
+}
+
+
+@router.get("/records")
+def list_records(
+    session: SessionDep,
+    workload: Annotated[str | None, Query(description="workload key")] = None,
+    host: Annotated[str | None, Query(description="host fingerprint")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RecordPage:
+    """Records in commit order, filtered by workload and host."""
+    where = []
+    if workload:
+        where.append(Workload.key == workload)
+    if host:
+        where.append(Host.fingerprint == host)
+    joined = (
+        select(Record.id)
+        .join(Workload, Record.workload_id == Workload.id)
+        .join(TargetRow, Record.target_id == TargetRow.id)
+        .join(Host, Record.host_id == Host.id)
+        .where(*where)
+    )
+    total = session.scalar(select(func.count()).select_from(joined.subquery())) or 0
+    q = joined.add_columns(
+        Workload.key,
+        TargetRow.name,
+        Host.fingerprint,
+        Record.mean_cost,
+        Record.costs,
+        Record.error,
+        Record.error_message,
+        Record.timestamp,
+        Record.created_by,
+    )
+    rows = session.execute(q.order_by(Record.id).limit(limit).offset(offset))
+    return RecordPage(
+        total=total,
+        records=[
+            RecordOut(
+                id=i,
+                workload_key=key,
+                target=target,
+                host=fp,
+                mean_cost=mean,
+                costs=costs,
+                error=error,
+                error_message=message,
+                timestamp=timestamp,
+                created_by=by,
+            )
+            for i, key, target, fp, mean, costs, error, message, timestamp, by in rows
+        ],
+    )
+
+
+@router.get(
+    "/records/export",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSON lines"}},
+)
+def export_records(settings: SettingsDep, best_only: bool = False) -> FileResponse:
+    """Every record (or the fastest per workload, target and host) as the JSON lines `records import` reads."""
+    path = storage.scratch_path(settings, ".jsonl")
+    try:
+        records_db(settings.database_url).export(path, best_only)
+    except BaseException:
+        storage.delete(path)
+        raise
+    return FileResponse(
+        path,
+        media_type="application/x-ndjson",
+        filename="records.jsonl",
+        background=BackgroundTask(storage.delete, path),
+    )
+
+
+def check_records_file(path: Path) -> None:
+    """Read every line before importing any: a malformed one is refused with its line number, and nothing added
+    (the import commits in batches, so a bad line found midway would leave the batches before it)."""
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError:
+                raise Invalid(f"line {n}: not UTF-8 text", code="invalid_records") from None
+            if not line.strip():
+                continue
+            try:
+                record = TuningRecord.from_json(line)
+            except RecordError as e:
+                raise Invalid(f"line {n}: {e}", code="invalid_records") from None
+            problem = None
+            if not isinstance(record.steps, tuple):
+                problem = "steps is not a list"
+            elif not all(math.isfinite(c) and c >= 0 for c in record.costs):
+                problem = "costs must be finite, non-negative seconds"
+            for name, chars in FIELD_CHARS.items():
+                value = getattr(record, name)
+                if not isinstance(value, str | None) or len(value or "") > chars:
+                    problem = f"{name} is not a string of at most {chars} characters"
+            if problem:
+                raise Invalid(f"line {n}: {problem}", code="invalid_records")
+
+
+def _import(settings: Settings, path: Path) -> int:
+    check_records_file(path)
+    return records_db(settings.database_url).import_file(path)
+
+
+@router.post("/records/import", openapi_extra=IMPORT_BODY, responses=error_responses(413))
+async def import_records(request: Request, settings: SettingsDep) -> ImportResult:
+    """Add the records of a JSON-lines file (the request body, or a multipart `file` part); returns how many were
+    new. Records already stored are skipped, so importing a file twice adds nothing."""
+    limit = settings.max_upload_bytes
+    storage.check_length(request.headers, limit)
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/"):
+        stored = (await storage.receive_multipart(settings, content_type, request.stream(), limit)).file
+    else:
+        stored = await storage.save_stream(settings, request.stream(), limit)
+    try:
+        added = await run_in_threadpool(_import, settings, stored.path)
+    finally:
+        storage.discard(stored)
+    return ImportResult(added=added)

@@ -1,0 +1,287 @@
+"""What the REST API takes and answers: Pydantic models, apart from the SQL models in server/models.py, and the
+typed errors every route answers with (`{"detail": ..., "code": ...}`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from compiler.errors import TilefarmError
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite gives back naive datetimes; every datetime the service stores is UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Timestamp = Annotated[datetime, AfterValidator(as_utc)]
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class ErrorBody(BaseModel):
+    detail: str
+    code: str
+
+
+class ApiError(TilefarmError):
+    """An error the API answers with its own status and a slug clients can branch on."""
+
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str, *, code: str | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if code is not None:
+            self.code = code
+
+
+class Unauthorized(ApiError):
+    status_code, code = 401, "unauthorized"
+
+
+class NotFound(ApiError):
+    status_code, code = 404, "not_found"
+
+
+class Conflict(ApiError):
+    status_code, code = 409, "conflict"
+
+
+class Gone(ApiError):
+    status_code, code = 410, "gone"
+
+
+class TooLarge(ApiError):
+    status_code, code = 413, "too_large"
+
+
+class Invalid(ApiError):
+    status_code, code = 422, "invalid_request"
+
+
+class Unavailable(ApiError):
+    status_code, code = 503, "unavailable"
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route answers with."""
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+# on every authenticated route (a 422 of our own shape replaces FastAPI's default validation error schema)
+ERROR_RESPONSES = error_responses(401, 422)
+
+# ---------------------------------------------------------------------------------------------- health, tokens
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    database: str  # sqlite | postgresql
+    broker: str  # embedded | redis
+
+
+class TokenRef(BaseModel):
+    id: int
+    name: str
+    prefix: str
+
+
+class Me(BaseModel):
+    team: str
+    token: TokenRef
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+
+
+class TokenOut(TokenRef):
+    created_at: Timestamp
+    last_used_at: Timestamp | None
+    revoked_at: Timestamp | None
+
+
+class NewToken(TokenRef):
+    token: str  # shown once: only its hash is stored
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+class ModelTaskOut(BaseModel):
+    position: int
+    name: str
+    workload_key: str
+    weight: int
+    flops: int | None
+
+
+class TaskCoverageOut(BaseModel):
+    position: int
+    records: int  # error-free records for this target and host class, counted up to the per-task budget
+    best_latency_s: float | None  # the fastest of them that replays (what a compile would apply)
+    trials_needed: int
+
+
+class CoverageOut(BaseModel):
+    host: str
+    target: str
+    tasks: list[TaskCoverageOut]
+    trials_needed: int
+    tuned_tasks: int
+
+
+class ModelOut(BaseModel):
+    id: int
+    name: str
+    sha256: str
+    size_bytes: int
+    input_shapes: dict[str, list[int]] | None
+    created_at: Timestamp
+    tasks: list[ModelTaskOut]
+    coverage: CoverageOut | None  # None in listings: it costs a query per task
+
+
+class UploadedModelOut(ModelOut):
+    duplicate: bool  # the team had uploaded these very bytes before: this is that model
+
+
+class CompileRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    target: str = "llvm"
+    host: str | None = Field(default=None, max_length=64)
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_id: int
+    target: str = "llvm"
+    host: str | None = Field(default=None, max_length=64, description="host fingerprint; default: the workers' one")
+    trials: int = Field(gt=0, le=1_000_000)
+    time_budget_s: float | None = Field(default=None, gt=0)
+    per_round: int = Field(default=64, gt=0, le=4096)
+    seed: int = Field(default=0, ge=0, lt=2**31)
+
+
+class JobTaskRow(BaseModel):
+    """A row of the per-task table a job's search writes after every round (missing values are None)."""
+
+    model_config = ConfigDict(extra="ignore")
+    position: int
+    name: str | None = None
+    flops: int | None = None
+    weight: int | None = None
+    gflops: float | None = None
+    latency_s: float | None = None
+    weighted_latency_s: float | None = None
+    trials: int = 0
+    done: bool = False
+
+
+class JobOut(BaseModel):
+    id: int
+    model_id: int
+    model_name: str
+    state: str
+    target: str
+    host: str
+    trials: int
+    trials_done: int
+    time_budget_s: float | None
+    per_round: int
+    seed: int
+    estimated_latency_s: float | None
+    tuning_s: float
+    error_message: str
+    worker: str | None
+    attempt: int
+    cancel_requested: bool
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    tasks: list[JobTaskRow]
+
+
+class PointOut(BaseModel):
+    id: int
+    trials: int
+    elapsed_s: float
+    estimated_latency_s: float | None
+    task: int | None
+    task_best: list[float | None] | None
+    errors: dict[str, int] | None
+    created_at: Timestamp
+
+
+class Progress(BaseModel):
+    job: JobOut
+    points: list[PointOut]
+
+
+# ---------------------------------------------------------------------------------------------- artifacts
+
+
+class ArtifactOut(BaseModel):
+    id: int
+    model_id: int
+    model_name: str
+    state: str
+    target: str
+    host: str
+    sha256: str | None
+    size_bytes: int | None
+    records_used: list[dict[str, Any]] | None
+    error_message: str
+    created_at: Timestamp
+    finished_at: Timestamp | None
+
+
+# ---------------------------------------------------------------------------------------------- records, workers
+
+
+class RecordOut(BaseModel):
+    id: int
+    workload_key: str
+    target: str
+    host: str
+    mean_cost: float | None
+    costs: list[float]
+    error: str | None
+    error_message: str
+    timestamp: float
+    created_by: str | None
+
+
+class RecordPage(BaseModel):
+    total: int
+    records: list[RecordOut]
+
+
+class ImportResult(BaseModel):
+    added: int
+
+
+class WorkerOut(BaseModel):
+    name: str
+    kind: str
+    fingerprint: str | None
+    queues: list[str]
+    hostname: str | None
+    pid: int | None
+    started_at: Timestamp
+    last_heartbeat: Timestamp
+    alive: bool
+    measurements_done: int
+    current_batch: str | None

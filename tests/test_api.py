@@ -1,0 +1,456 @@
+"""The REST API through HTTP (FastAPI's TestClient) on a SQLite file and the embedded file-system broker: messages
+really land in the broker's queue folder, and no worker runs, so jobs and compiles stay queued."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from fastapi.testclient import TestClient
+from onnx import TensorProto, helper
+from sqlalchemy import func, select
+
+from compiler import examples
+from compiler.build import build, target_name
+from compiler.onnx_frontend import load
+from compiler.records import VERSION, TuningRecord
+from compiler.target import Target
+from server import accounts
+from server.app import create_app
+from server.db import session_scope
+from server.models import ArtifactRow, Job, JobPoint, UploadedModel, WorkerRow
+from server.settings import Settings
+
+TOKEN = "bootstrap-token-for-the-api-tests"
+API = "/api/v1"
+LIMIT = 1 << 20  # TILEFARM_MAX_UPLOAD_BYTES in these tests
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch) -> Settings:
+    for name in [k for k in os.environ if k.startswith("TILEFARM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TILEFARM_DATABASE_URL", f"sqlite:///{tmp_path / 'tilefarm.db'}")
+    monkeypatch.setenv("TILEFARM_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setenv("TILEFARM_MAX_UPLOAD_BYTES", str(LIMIT))
+    monkeypatch.setenv("TILEFARM_BOOTSTRAP_TOKEN", TOKEN)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def client(settings):
+    with TestClient(create_app(), headers=bearer(TOKEN)) as c:  # create_app() reads the environment set above
+        yield c
+
+
+@pytest.fixture
+def other_token(settings, client) -> str:
+    """A token of a second team."""
+    with session_scope(settings) as session:
+        _, token = accounts.create_token(session, accounts.ensure_team(session, "other"), "b")
+    return token
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
+    examples.save("tiny_cnn", path)
+    return path.read_bytes()
+
+
+def upload(client: TestClient, data: bytes, filename: str = "tiny_cnn.onnx", **fields: str):
+    return client.post(f"{API}/models", files={"file": (filename, data)}, data=fields)
+
+
+@pytest.fixture
+def model(client, tiny_cnn) -> dict:
+    r = upload(client, tiny_cnn)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def broker_messages(settings: Settings, queue: str) -> list[dict]:
+    """The messages waiting in the embedded broker's queue folder: task name and arguments."""
+    out = []
+    for path in sorted((settings.storage / "broker" / "queue").glob(f"*.{queue}.msg")):
+        message = json.loads(path.read_text())
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        out.append({"task": message["headers"]["task"], "args": args})
+    return out
+
+
+def stored_files(settings: Settings) -> list[Path]:
+    return [p for sub in ("models", "tmp") for p in (settings.storage / sub).rglob("*") if p.is_file()]
+
+
+def count_models(settings: Settings) -> int:
+    with session_scope(settings, write=False) as session:
+        return session.scalar(select(func.count()).select_from(UploadedModel)) or 0
+
+
+def assert_error(r, status: int, code: str) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"detail", "code"} and body["code"] == code, body
+    assert "Traceback" not in body["detail"]
+    return body["detail"]
+
+
+# ---------------------------------------------------------------------------------------------- health, auth, tokens
+
+
+def test_health_needs_no_token_and_openapi_is_served(client):
+    del client.headers["Authorization"]
+    r = client.get(f"{API}/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "version": VERSION, "database": "sqlite", "broker": "embedded"}
+    schema = client.get("/openapi.json").json()
+    assert {"/api/v1/models", "/api/v1/jobs/{job_id}/events", "/api/v1/records/import"} <= set(schema["paths"])
+    upload_body = schema["paths"]["/api/v1/models"]["post"]["requestBody"]["content"]
+    assert "file" in upload_body["multipart/form-data"]["schema"]["properties"]
+
+
+def test_missing_wrong_and_revoked_tokens_are_refused(client):
+    assert client.get(f"{API}/me").json()["team"] == "default"
+    r = client.post(f"{API}/tokens", json={"name": "laptop"})
+    assert r.status_code == 201
+    new = r.json()
+    assert new["prefix"] == new["token"][:8]
+    assert client.get(f"{API}/me", headers=bearer(new["token"])).json()["token"]["name"] == "laptop"
+    assert client.delete(f"{API}/tokens/{new['id']}").status_code == 204
+    assert_error(client.get(f"{API}/me", headers=bearer(new["token"])), 401, "unauthorized")
+    assert_error(client.get(f"{API}/me", headers=bearer("not-a-token")), 401, "unauthorized")
+    del client.headers["Authorization"]
+    r = client.get(f"{API}/models")
+    assert "Bearer" in assert_error(r, 401, "unauthorized") and r.headers["WWW-Authenticate"] == "Bearer"
+    assert_error(client.get(f"{API}/me", params={"token": TOKEN}), 401, "unauthorized")  # ?token= is for SSE only
+
+
+def test_tokens_list_create_revoke(client, other_token):
+    r = client.post(f"{API}/tokens", json={"name": "ci"})
+    ci = r.json()
+    listed = client.get(f"{API}/tokens").json()
+    assert [t["name"] for t in listed] == ["bootstrap", "ci"]
+    assert all("token" not in t and t["revoked_at"] is None for t in listed)
+    assert client.delete(f"{API}/tokens/{ci['id']}").status_code == 204
+    assert client.delete(f"{API}/tokens/{ci['id']}").status_code == 204  # revoking twice changes nothing
+    assert client.get(f"{API}/tokens").json()[1]["revoked_at"] is not None
+    assert_error(client.delete(f"{API}/tokens/9999"), 404, "not_found")
+    # the other team neither sees nor revokes this team's tokens
+    assert [t["name"] for t in client.get(f"{API}/tokens", headers=bearer(other_token)).json()] == ["b"]
+    assert_error(client.delete(f"{API}/tokens/1", headers=bearer(other_token)), 404, "not_found")
+    assert_error(client.post(f"{API}/tokens", json={"name": ""}), 422, "invalid_request")
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def test_upload_model_tasks_coverage_and_dedupe(client, settings, tiny_cnn, model):
+    assert model["duplicate"] is False and model["name"] == "tiny_cnn"
+    assert model["sha256"] == hashlib.sha256(tiny_cnn).hexdigest() and model["size_bytes"] == len(tiny_cnn)
+    tasks = model["tasks"]
+    assert [t["position"] for t in tasks] == list(range(len(tasks))) and tasks[0]["name"] == "fused_conv_relu"
+    assert tasks[0]["flops"] > 0 and all(len(t["workload_key"]) == 32 for t in tasks)
+    host = Target.host()
+    cover = model["coverage"]
+    assert cover["host"] == host.fingerprint() and cover["target"] == target_name(host)
+    assert cover["tuned_tasks"] == 0 and cover["trials_needed"] == 800 * len(tasks)
+    assert [c["records"] for c in cover["tasks"]] == [0] * len(tasks)
+
+    again = upload(client, tiny_cnn, "renamed.onnx")
+    assert again.status_code == 200 and again.json()["duplicate"] is True and again.json()["id"] == model["id"]
+    assert count_models(settings) == 1 and len(stored_files(settings)) == 1
+    assert client.get(f"{API}/models/{model['id']}").json()["tasks"] == tasks
+    listed = client.get(f"{API}/models").json()
+    assert [m["id"] for m in listed] == [model["id"]] and listed[0]["coverage"] is None
+
+    shaped = upload(client, tiny_cnn[:-1] + tiny_cnn[-1:], name="named", input_shapes='{"input": [1, 3, 32, 32]}')
+    assert shaped.json()["duplicate"] is True  # same bytes: the existing model, whatever the fields say
+
+
+def test_coverage_counts_the_records_of_the_host(client, model):
+    host = Target.host()
+    key = model["tasks"][0]["workload_key"]
+    record = TuningRecord(key, target_name(host), host.fingerprint(), (), (1e-3, 3e-3), timestamp=1.0)
+    assert client.post(f"{API}/records/import", content=record.to_json() + "\n").json() == {"added": 1}
+    cover = client.get(f"{API}/models/{model['id']}").json()["coverage"]
+    assert cover["tasks"][0] == {
+        "position": 0,
+        "records": 1,
+        "best_latency_s": pytest.approx(2e-3),
+        "trials_needed": 799,
+    }
+    r = client.get(f"{API}/models/{model['id']}", params={"host": "0123456789abcdef"})
+    assert "unknown host" in assert_error(r, 422, "unknown_host")
+
+
+def test_oversized_upload_is_refused_and_leaves_nothing(client, settings):
+    rng = np.random.default_rng(0)
+    streamed = rng.bytes(LIMIT + (LIMIT // 2))  # passes the Content-Length check, stopped while streaming
+    assert "TILEFARM_MAX_UPLOAD_BYTES" in assert_error(upload(client, streamed), 413, "upload_too_large")
+    declared = rng.bytes(3 * LIMIT)  # refused from its Content-Length before reading
+    assert_error(upload(client, declared), 413, "upload_too_large")
+    assert count_models(settings) == 0 and stored_files(settings) == []
+
+
+def unsupported_op_model() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Det", ["x"], ["y"], name="det0")], "det", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_malformed_models_are_refused_and_leave_nothing(client, settings, tiny_cnn):
+    garbage = np.random.default_rng(1).bytes(5000)
+    assert "not an ONNX model" in assert_error(upload(client, garbage), 422, "invalid_model")
+    detail = assert_error(upload(client, unsupported_op_model()), 422, "unsupported_op")
+    assert "Det" in detail and "det0" in detail
+    assert str(settings.storage) not in detail
+    r = upload(client, tiny_cnn, input_shapes='{"input": "big"}')
+    assert "input_shapes" in assert_error(r, 422, "invalid_request")
+    assert_error(client.post(f"{API}/models", data={"name": "x"}), 422, "bad_upload")
+    assert_error(client.post(f"{API}/models", content=tiny_cnn), 422, "bad_upload")
+    assert count_models(settings) == 0 and stored_files(settings) == []
+    onnx.load_from_string(unsupported_op_model())  # valid ONNX: refused for the op alone
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def test_job_create_cancel_resume(client, settings, model):
+    r = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 50, "per_round": 8})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    host = Target.host().fingerprint()
+    assert job["state"] == "queued" and job["attempt"] == 1 and job["host"] == host
+    assert job["model_name"] == "tiny_cnn" and job["trials"] == 50 and job["per_round"] == 8
+    assert [t["name"] for t in job["tasks"]] == [t["name"] for t in model["tasks"]]
+    assert broker_messages(settings, "search") == [{"task": "tilefarm.search_job", "args": [job["id"], 1]}]
+    with session_scope(settings, write=False) as session:
+        assert session.get_one(Job, job["id"]).queue == f"measure.cpu.{host}"
+
+    cancelled = client.post(f"{API}/jobs/{job['id']}/cancel").json()
+    assert cancelled["state"] == "cancelled" and cancelled["cancel_requested"] and cancelled["finished_at"]
+    assert_error(client.post(f"{API}/jobs/{job['id']}/cancel"), 409, "job_finished")
+    resumed = client.post(f"{API}/jobs/{job['id']}/resume").json()
+    assert resumed["state"] == "queued" and resumed["attempt"] == 2 and not resumed["cancel_requested"]
+    assert [m["args"] for m in broker_messages(settings, "search")] == [[job["id"], 1], [job["id"], 2]]
+    assert_error(client.post(f"{API}/jobs/{job['id']}/resume"), 409, "job_not_resumable")
+
+    assert [j["id"] for j in client.get(f"{API}/jobs", params={"state": "queued"}).json()] == [job["id"]]
+    assert client.get(f"{API}/jobs", params={"state": "running"}).json() == []
+    assert_error(client.get(f"{API}/jobs", params={"state": "bogus"}), 422, "invalid_request")
+
+
+def test_job_requests_are_validated(client, model):
+    detail = assert_error(
+        client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 0}), 422, "invalid_request"
+    )
+    assert detail.startswith("trials:")
+    r = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5, "target": "cuda"})
+    assert "not supported yet" in assert_error(r, 422, "unsupported_target")
+    assert_error(client.post(f"{API}/jobs", json={"model_id": 999, "trials": 5}), 404, "not_found")
+    assert_error(client.post(f"{API}/jobs", json={"model_id": model["id"]}), 422, "invalid_request")
+    assert_error(client.post(f"{API}/jobs", content=b"{"), 422, "invalid_request")
+
+
+def test_progress_points_and_event_stream(client, settings, model):
+    job = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 16}).json()
+    table = [{"position": 0, "name": "fused_conv_relu", "flops": 1, "weight": 1, "latency_s": 1e-4, "trials": 8}]
+    with session_scope(settings) as session:
+        row = session.get_one(Job, job["id"])
+        row.state, row.trials_done, row.estimated_latency, row.tasks = "running", 16, 2e-4, table
+        points = [
+            JobPoint(job_id=job["id"], trials=n, elapsed_s=n / 10, estimated_latency=2e-4, task=0, task_best=[1e-4])
+            for n in (8, 16)
+        ]
+        session.add_all(points)
+        session.flush()
+        first, second = points[0].id, points[1].id
+    progress = client.get(f"{API}/jobs/{job['id']}/progress").json()
+    assert progress["job"]["state"] == "running" and progress["job"]["estimated_latency_s"] == 2e-4
+    assert progress["job"]["tasks"][0]["latency_s"] == 1e-4 and progress["job"]["tasks"][0]["done"] is False
+    assert [p["trials"] for p in progress["points"]] == [8, 16]
+    assert set(progress["points"][0]) == {
+        *("id", "trials", "elapsed_s", "estimated_latency_s", "task", "task_best", "errors", "created_at")
+    }
+    later = client.get(f"{API}/jobs/{job['id']}/progress", params={"after": first}).json()
+    assert [p["id"] for p in later["points"]] == [second]
+
+    with session_scope(settings) as session:
+        session.get_one(Job, job["id"]).state = "succeeded"
+    del client.headers["Authorization"]  # EventSource cannot set headers: the token comes in the query
+    with client.stream("GET", f"{API}/jobs/{job['id']}/events", params={"token": TOKEN}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = parse_events(r.read().decode())
+    assert [e["event"] for e in events] == ["progress", "end"]
+    data = json.loads(events[0]["data"])
+    assert data["job"]["state"] == "succeeded" and len(data["points"]) == 2 and events[0]["id"] == str(second)
+    assert json.loads(events[1]["data"])["state"] == "succeeded"
+
+
+def parse_events(text: str) -> list[dict[str, str]]:
+    """Server-sent events as {field: value} dicts."""
+    return [dict(line.split(": ", 1) for line in block.splitlines()) for block in text.split("\n\n") if block.strip()]
+
+
+# ---------------------------------------------------------------------------------------------- artifacts
+
+
+def test_compile_and_download(client, settings, model):
+    r = client.post(f"{API}/models/{model['id']}/compile", json={})
+    assert r.status_code == 202, r.text
+    artifact = r.json()
+    host = Target.host().fingerprint()
+    assert artifact["state"] == "queued" and artifact["host"] == host and artifact["model_name"] == "tiny_cnn"
+    assert broker_messages(settings, f"measure.cpu.{host}") == [
+        {"task": "tilefarm.compile_artifact", "args": [artifact["id"]]}
+    ]
+    assert_error(client.get(f"{API}/artifacts/{artifact['id']}/download"), 409, "artifact_not_ready")
+
+    # what a compile worker does (none runs here)
+    path = settings.storage / "artifacts" / f"{artifact['id']}.tar"
+    path.parent.mkdir(parents=True)
+    with session_scope(settings) as session:
+        row = session.get_one(ArtifactRow, artifact["id"])
+        graph = load(Path(session.get_one(UploadedModel, model["id"]).path).read_bytes())
+        info = build(graph, path, "tiny_cnn")
+        row.state, row.path, row.size_bytes = "ready", str(path), path.stat().st_size
+        row.sha256, row.records_used = hashlib.sha256(path.read_bytes()).hexdigest(), list(info.records_used.values())
+    assert client.get(f"{API}/artifacts/{artifact['id']}").json()["state"] == "ready"
+    r = client.get(f"{API}/artifacts/{artifact['id']}/download")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
+    assert hashlib.sha256(r.content).hexdigest() == r.headers["X-Checksum-SHA256"]
+    assert r.headers["ETag"] == f'"{r.headers["X-Checksum-SHA256"]}"'
+    assert f"tiny_cnn-{artifact['id']}.tar" in r.headers["content-disposition"]
+    again = client.get(f"{API}/artifacts/{artifact['id']}/download", headers={"If-None-Match": r.headers["ETag"]})
+    assert again.status_code == 304
+    assert [a["id"] for a in client.get(f"{API}/artifacts").json()] == [artifact["id"]]
+
+
+def test_another_team_sees_nothing(client, other_token, model):
+    job = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 4}).json()
+    artifact = client.post(f"{API}/models/{model['id']}/compile").json()
+    b = bearer(other_token)
+    for path in (
+        f"/models/{model['id']}",
+        f"/jobs/{job['id']}",
+        f"/jobs/{job['id']}/progress",
+        f"/jobs/{job['id']}/events",
+        f"/artifacts/{artifact['id']}",
+        f"/artifacts/{artifact['id']}/download",
+    ):
+        assert_error(client.get(API + path, headers=b), 404, "not_found")
+    for path in (f"/jobs/{job['id']}/cancel", f"/jobs/{job['id']}/resume", f"/models/{model['id']}/compile"):
+        assert_error(client.post(API + path, headers=b), 404, "not_found")
+    assert_error(client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 4}, headers=b), 404, "not_found")
+    for path in ("/models", "/jobs", "/artifacts"):
+        assert client.get(API + path, headers=b).json() == []
+    assert client.get(f"{API}/jobs/{job['id']}").json()["state"] == "queued"  # untouched
+
+
+# ---------------------------------------------------------------------------------------------- records, workers
+
+
+def records(n: int, key: str = "ab" * 16, host: str = "feedfacecafebeef") -> list[TuningRecord]:
+    return [
+        TuningRecord(
+            key, "llvm -mcpu=test", host, (("SP", 0, 0, (i + 1,), True),), (1e-3 * (i + 1),), timestamp=float(i)
+        )
+        for i in range(n)
+    ]
+
+
+def test_records_import_export_round_trip(client):
+    lines = "".join(r.to_json() + "\n" for r in records(2))
+    assert client.post(f"{API}/records/import", content=lines).json() == {"added": 2}
+    assert client.post(f"{API}/records/import", content=lines).json() == {"added": 0}
+    as_file = client.post(f"{API}/records/import", files={"file": ("records.jsonl", lines.encode())})
+    assert as_file.json() == {"added": 0}
+    page = client.get(f"{API}/records", params={"host": "feedfacecafebeef", "limit": 1}).json()
+    assert page["total"] == 2 and len(page["records"]) == 1 and page["records"][0]["mean_cost"] == 1e-3
+    assert client.get(f"{API}/records", params={"workload": "nope"}).json() == {"total": 0, "records": []}
+
+    r = client.get(f"{API}/records/export")
+    assert r.status_code == 200
+    exported = [TuningRecord.from_json(line) for line in r.text.splitlines()]
+    assert exported == records(2)
+    best = client.get(f"{API}/records/export", params={"best_only": True}).text.splitlines()
+    assert [TuningRecord.from_json(line) for line in best] == records(1)
+
+    bad = records(3, key="cd" * 16)[2].to_json() + "\n" + '{"workload_key": "x"}\n'
+    assert "line 2" in assert_error(client.post(f"{API}/records/import", content=bad), 422, "invalid_records")
+    assert client.get(f"{API}/records").json()["total"] == 2  # the good first line was not added either
+
+
+def test_workers_and_the_default_host(client, settings, model):
+    farm = Target(kind="cpu", mcpu="testcpu", features="+avx2,+fma", cores=4, cpu_model="Test CPU")
+    now = datetime.now(UTC)
+    with session_scope(settings) as session:
+        for name, target, heartbeat, stopped in (
+            ("measure@live", farm, now, False),
+            ("measure@lost", Target(mcpu="other"), now - timedelta(hours=1), False),
+            ("measure@stopped", Target(mcpu="third"), now, True),
+        ):
+            session.add(
+                WorkerRow(
+                    name=name,
+                    kind="cpu",
+                    fingerprint=target.fingerprint(),
+                    target=dataclasses.asdict(target),
+                    queues=["search", f"measure.cpu.{target.fingerprint()}"],
+                    pid=1234,
+                    hostname=name.split("@")[1],
+                    last_heartbeat=heartbeat,
+                    stopped=stopped,
+                )
+            )
+    workers = client.get(f"{API}/workers").json()
+    assert [(w["name"], w["alive"]) for w in workers] == [
+        ("measure@live", True),
+        ("measure@lost", False),
+        ("measure@stopped", False),
+    ]
+    assert workers[0]["queues"][1] == f"measure.cpu.{farm.fingerprint()}"
+    # the live workers all measure on one host class: jobs and coverage default to it
+    job = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 4}).json()
+    assert job["host"] == farm.fingerprint() and job["target"] == "llvm -mcpu=testcpu"
+    cover = client.get(f"{API}/models/{model['id']}").json()["coverage"]
+    assert cover["host"] == farm.fingerprint() and cover["target"] == "llvm -mcpu=testcpu"
+    lost = Target(mcpu="other").fingerprint()
+    explicit = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 4, "host": lost}).json()
+    assert explicit["host"] == lost and explicit["target"] == "llvm -mcpu=other"
+
+
+def test_errors_have_one_shape(client, settings):
+    assert_error(client.get(f"{API}/nowhere"), 404, "not_found")
+    assert_error(client.put(f"{API}/jobs"), 405, "method_not_allowed")
+    detail = assert_error(client.get(f"{API}/jobs/abc"), 422, "invalid_request")
+    assert detail.startswith("job_id:")
+
+    app = create_app(settings)
+
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("secret internals")
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert "secret" not in assert_error(c.get("/boom"), 500, "internal_error")
+
+
+def test_bootstrap_token_is_registered_once(client, settings):
+    with TestClient(create_app(settings)) as again:  # a second start on the same database
+        assert again.get(f"{API}/me", headers=bearer(TOKEN)).json()["team"] == "default"
+    assert [t["name"] for t in client.get(f"{API}/tokens").json()] == ["bootstrap"]

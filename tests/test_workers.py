@@ -1,0 +1,328 @@
+"""The measurement farm with real worker processes (`python -m workers.worker`) on the embedded broker and a SQLite
+database: a tuning job end to end, a compile, a cancel, and workers killed while they hold a measurement batch or
+drive a search. Jobs and artifacts are made with the ORM, as the API would, and sent with workers.dispatch."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from compiler.build import target_name
+from compiler.target import Target
+from server.db import session_scope
+from server.models import ArtifactRow, Job, JobPoint, MeasureBatch, ModelTask, Record, Team, UploadedModel, WorkerRow
+from server.settings import Settings
+from workers.celery_app import measure_queue
+from workers.dispatch import enqueue_compile, enqueue_job
+
+REPO = Path(__file__).resolve().parents[1]
+INPUT_SHAPES = {"input": [1, 3, 32, 32]}
+
+
+class Farm:
+    """Worker subprocesses (each in its own process group) sharing one storage folder and database."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TILEFARM_")}
+        self.env.update(
+            TILEFARM_STORAGE_DIR=str(root / "storage"),
+            TILEFARM_DATABASE_URL=f"sqlite:///{root / 'farm.db'}",
+            TILEFARM_HEARTBEAT_S="0.5",
+            TILEFARM_WORKER_GRACE_S="3",
+            XDG_CACHE_HOME=str(root / "cache"),
+            PYTHONUNBUFFERED="1",
+        )
+        self.settings = Settings.from_env(self.env)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.fingerprint = Target.host().fingerprint()
+        self.queue = measure_queue(self.fingerprint)
+
+    def start(self, name: str, role: str) -> str:
+        node = f"{name}@test"
+        log = (self.root / f"{name}.log").open("ab")
+        self.procs[node] = subprocess.Popen(
+            [sys.executable, "-m", "workers.worker", "--role", role, "--name", node, "--loglevel", "info"],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return node
+
+    def wait_ready(self, *nodes: str, timeout: float = 60) -> None:
+        def ready():
+            with session_scope(self.settings, write=False) as s:
+                rows = {w.name: w for w in s.scalars(select(WorkerRow).where(WorkerRow.name.in_(nodes)))}
+            return all(n in rows and rows[n].pid == self.procs[n].pid and not rows[n].stopped for n in nodes)
+
+        self.wait(ready, timeout, f"workers {nodes} registered")
+
+    def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(node)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()  # a warm shutdown: the node marks itself stopped
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # whatever is left of the group (build pool, a stuck worker) goes too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(30)
+        self.procs.clear()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.root.glob("*.log"))
+
+    def wait(self, predicate, timeout: float, what: str):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            value = predicate()
+            if value:
+                return value
+            for node, proc in self.procs.items():
+                assert proc.poll() is None, f"worker {node} exited ({proc.returncode}) while waiting for {what}\n"
+            time.sleep(0.25)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs()}")
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    def job(self, job_id: int) -> Job:
+        with session_scope(self.settings, write=False) as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def new_job(self, trials: int, per_round: int = 8, model_id: int | None = None) -> int:
+        with session_scope(self.settings) as s:
+            job = Job(
+                team_id=self.team_id,
+                model_id=model_id or self.model_id,
+                state="queued",
+                target=target_name(Target.host()),
+                host=self.fingerprint,
+                queue=self.queue,
+                trials=trials,
+                per_round=per_round,
+                attempt=1,
+            )
+            s.add(job)
+            s.flush()
+            job_id = job.id
+        enqueue_job(self.settings, job_id, 1)
+        return job_id
+
+    def wait_state(self, job_id: int, state: str, timeout: float = 120) -> Job:
+        def reached():
+            job = self.job(job_id)
+            assert job.state not in {"succeeded", "failed", "cancelled"} - {state}, (job.state, job.error_message)
+            return job if job.state == state else None
+
+        return self.wait(reached, timeout, f"job {job_id} {state}")
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    from compiler import examples
+
+    root = tmp_path_factory.mktemp("farm")
+    f = Farm(root)
+    model = root / "tiny_cnn.onnx"
+    examples.save("tiny_cnn", model)
+    data = model.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    stored = f.settings.storage / "models" / f"{sha}.onnx"
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model, stored)
+    with session_scope(f.settings) as s:
+        team = Team(name="test")
+        s.add(team)
+        s.flush()
+        m = UploadedModel(
+            team_id=team.id, sha256=sha, name="tiny_cnn.onnx", size_bytes=len(data), path=str(stored),
+            input_shapes=INPUT_SHAPES,
+        )  # fmt: skip
+        s.add(m)
+        s.flush()
+        f.team_id, f.model_id = team.id, m.id
+    try:
+        f.start("search1", "search")
+        f.start("measure1", "measure")
+        f.start("measure2", "measure")
+        f.wait_ready("search1@test", "measure1@test", "measure2@test")
+        yield f
+    finally:
+        f.stop_all()
+
+
+def _records_of(farm: Farm, job_id: int) -> int:
+    with session_scope(farm.settings, write=False) as s:
+        return s.scalar(select(func.count()).select_from(Record).where(Record.created_by == f"job/{job_id}"))
+
+
+def _duplicates(farm: Farm) -> int:
+    with session_scope(farm.settings, write=False) as s:
+        q = select(Record.workload_id, Record.host_id, Record.steps).group_by(
+            Record.workload_id, Record.host_id, Record.steps
+        )
+        return len(s.execute(q.having(func.count() > 1)).all())
+
+
+def test_job_runs_to_the_end(farm):
+    job_id = farm.new_job(trials=24, per_round=8)
+    job = farm.wait_state(job_id, "succeeded", timeout=150)
+    assert job.trials_done == 24
+    assert job.finished_at is not None and job.started_at is not None and job.error_message == ""
+    assert job.worker == "search1@test" and job.tuning_s > 0
+    assert job.estimated_latency is None or job.estimated_latency > 0
+    tasks = job.tasks
+    assert [t["position"] for t in tasks] == list(range(len(tasks)))
+    assert sum(t["trials"] for t in tasks) >= 24
+    assert {"name", "flops", "weight", "gflops", "latency_s", "weighted_latency_s", "done"} <= set(tasks[0])
+    with session_scope(farm.settings, write=False) as s:
+        points = s.scalars(select(JobPoint).where(JobPoint.job_id == job_id).order_by(JobPoint.id)).all()
+        model_tasks = s.scalars(select(ModelTask).where(ModelTask.model_id == farm.model_id)).all()
+        batches = s.scalars(select(MeasureBatch).where(MeasureBatch.job_id == job_id)).all()
+        workers = {w.name: w for w in s.scalars(select(WorkerRow))}
+    assert len(points) >= 3 and points[-1].trials == 24
+    assert [p.trials for p in points] == sorted(p.trials for p in points)
+    assert all(p.task is not None and len(p.task_best) == len(tasks) for p in points)
+    assert len(model_tasks) == len(tasks)
+    assert batches and all(b.state == "done" and b.worker in ("measure1@test", "measure2@test") for b in batches)
+    assert sum(b.size for b in batches) == 24
+    assert _records_of(farm, job_id) == 24  # every measurement recorded by the worker that measured it
+    assert _duplicates(farm) == 0
+    measurers = [workers[n] for n in ("measure1@test", "measure2@test")]
+    assert sum(w.measurements_done for w in measurers) >= 24
+    assert all(w.current_batch is None and w.kind == "cpu" and w.fingerprint == farm.fingerprint for w in measurers)
+    assert workers["search1@test"].kind == "search" and workers["search1@test"].queues == ["search"]
+    assert workers["measure1@test"].queues == [farm.queue]
+    assert workers["measure1@test"].target == dataclasses.asdict(Target.host())
+
+
+def test_compile_artifact(farm):
+    import onnxruntime as ort
+
+    from compiler.runtime import Artifact
+
+    with session_scope(farm.settings) as s:
+        a = ArtifactRow(
+            team_id=farm.team_id, model_id=farm.model_id, state="queued", target=target_name(Target.host()),
+            host=farm.fingerprint,
+        )  # fmt: skip
+        s.add(a)
+        s.flush()
+        artifact_id = a.id
+        records = s.scalar(select(func.count()).select_from(Record).where(Record.mean_cost.is_not(None)))
+    enqueue_compile(farm.settings, artifact_id, farm.queue)
+
+    def done():
+        with session_scope(farm.settings, write=False) as s:
+            row = s.get(ArtifactRow, artifact_id)
+            assert row is not None and row.state != "failed", row.error_message if row else None
+            return row if row.state == "ready" else None
+
+    row = farm.wait(done, 90, f"artifact {artifact_id} ready")
+    path = Path(row.path)
+    assert path == farm.settings.storage / "artifacts" / f"{artifact_id}.tar"
+    data = path.read_bytes()
+    assert row.sha256 == hashlib.sha256(data).hexdigest() and row.size_bytes == len(data)
+    assert isinstance(row.records_used, list) and row.finished_at is not None
+    assert bool(row.records_used) == bool(records)  # tuned tasks take their best record (after a job ran: some)
+    x = np.random.default_rng(0).standard_normal(INPUT_SHAPES["input"]).astype(np.float32)
+    got = Artifact.load(path).run({"input": x})["output"]
+    with session_scope(farm.settings, write=False) as s:
+        model_path = s.get(UploadedModel, farm.model_id).path
+    want = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_cancel_stops_a_running_job(farm):
+    job_id = farm.new_job(trials=10_000, per_round=8)
+    farm.wait(lambda: farm.job(job_id).trials_done > 0, 90, f"job {job_id} measured a round")
+    with session_scope(farm.settings) as s:
+        s.get(Job, job_id).cancel_requested = True
+    job = farm.wait_state(job_id, "cancelled", timeout=60)
+    assert 0 < job.trials_done < 10_000 and job.finished_at is not None
+
+    def settled():  # the batch in flight at the cancel is still measured and recorded: wait for it
+        with session_scope(farm.settings, write=False) as s:
+            q = select(MeasureBatch).where(MeasureBatch.job_id == job_id, MeasureBatch.state.in_(("sent", "running")))
+            return s.scalars(q).first() is None
+
+    farm.wait(settled, 60, f"job {job_id}'s last batch measured")
+
+
+def test_killed_measure_worker_loses_no_batch(farm):
+    job_id = farm.new_job(trials=24, per_round=8)
+
+    def running_batch():
+        with session_scope(farm.settings, write=False) as s:
+            q = select(MeasureBatch).where(MeasureBatch.job_id == job_id, MeasureBatch.state == "running")
+            return s.scalars(q).first()
+
+    batch = farm.wait(running_batch, 90, f"a batch of job {job_id} running")
+    victim = batch.worker
+    farm.kill(victim)
+    job = farm.wait_state(job_id, "succeeded", timeout=150)
+    with session_scope(farm.settings, write=False) as s:
+        lost = s.get(MeasureBatch, batch.id)
+        batches = s.scalars(select(MeasureBatch).where(MeasureBatch.job_id == job_id)).all()
+    assert lost.state == "lost"
+    resent = [b for b in batches if b.try_number == 2 and b.task == lost.task]
+    assert resent and resent[0].state == "done" and resent[0].worker != victim
+    assert job.trials_done == 24 and job.attempt == 1
+    assert _duplicates(farm) == 0
+    farm.start(victim.split("@")[0], "measure")  # back under its name, for the tests after this one
+    farm.wait_ready(victim)
+
+
+def test_killed_search_worker_job_is_resumed(farm):
+    other = farm.start("search2", "search")
+    farm.wait_ready(other)
+    job_id = farm.new_job(trials=24, per_round=8)
+    job = farm.wait(lambda: (j := farm.job(job_id)).trials_done > 0 and j, 90, f"job {job_id} measured a round")
+    victim, done_before = job.worker, job.trials_done
+    farm.kill(victim)
+    job = farm.wait_state(job_id, "succeeded", timeout=150)
+    assert job.attempt == 2 and job.worker not in (None, victim)
+    assert job.trials_done == 24 and done_before < 24
+    assert _duplicates(farm) == 0
+
+
+def test_a_broken_model_fails_its_job_with_one_line(farm):
+    with session_scope(farm.settings) as s:
+        m = UploadedModel(
+            team_id=farm.team_id, sha256="0" * 64, name="broken.onnx", size_bytes=9,
+            path=str(farm.settings.storage / "models" / "broken.onnx"),
+        )  # fmt: skip
+        s.add(m)
+        s.flush()
+        model_id = m.id
+    Path(m.path).write_bytes(b"not onnx!")
+    job_id = farm.new_job(trials=8, model_id=model_id)
+    job = farm.wait_state(job_id, "failed", timeout=60)
+    assert job.error_message and "\n" not in job.error_message and "Traceback" not in job.error_message
+    assert job.finished_at is not None

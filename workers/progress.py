@@ -1,0 +1,377 @@
+"""What the workers write to the service database: job claims, round progress and endings, measurement batches,
+worker rows and artifacts. Each function is one short transaction (server.db.session_scope).
+
+Every write to a job names the attempt it belongs to and changes nothing when the job has moved on to another one,
+so a search task that lost its job (reaped, resumed, cancelled) can never overwrite the newer attempt's row."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+
+from server.db import session_scope
+from server.models import ArtifactRow, Job, JobPoint, MeasureBatch, ModelTask, UploadedModel, WorkerRow, Workload
+from server.settings import Settings
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(t: datetime) -> datetime:
+    """SQLite gives datetimes back without their zone; everything written here is UTC."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def alive(row: WorkerRow | None, settings: Settings, at: datetime | None = None) -> bool:
+    """A worker is alive while it has not stopped and its last heartbeat is within the grace period."""
+    if row is None or row.stopped:
+        return False
+    return ((at or now()) - aware(row.last_heartbeat)).total_seconds() <= settings.worker_grace_s
+
+
+def finite(x: float) -> float | None:
+    """JSON has no infinity: a latency not measured yet is null."""
+    return float(x) if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a search task needs from its job and model, read when it claimed the job."""
+
+    job_id: int
+    attempt: int
+    model_id: int
+    model_path: str
+    input_shapes: dict[str, list[int]] | None
+    host: str
+    queue: str
+    trials: int
+    trials_done: int
+    tuning_s: float
+    time_budget_s: float | None
+    per_round: int
+    seed: int
+
+
+def claim_job(settings: Settings, job_id: int, attempt: int, worker: str) -> Claim | None:
+    """Take a queued job for attempt `attempt` (state running, worker set); None when the message is stale (another
+    attempt, or the job is no longer queued). A job cancelled while queued becomes cancelled here."""
+    with session_scope(settings) as s:
+        job = s.get(Job, job_id, with_for_update=True)
+        if job is None or job.attempt != attempt or job.state != "queued":
+            return None
+        if job.cancel_requested:
+            job.state, job.finished_at, job.updated_at = "cancelled", now(), now()
+            return None
+        model = s.get(UploadedModel, job.model_id)
+        if model is None:
+            job.state, job.error_message, job.finished_at = "failed", "the job's model no longer exists", now()
+            return None
+        job.state, job.worker, job.error_message, job.updated_at = "running", worker, "", now()
+        job.finished_at = None
+        job.started_at = job.started_at or now()
+        return Claim(
+            job.id,
+            attempt,
+            model.id,
+            model.path,
+            model.input_shapes or None,
+            job.host,
+            job.queue,
+            job.trials,
+            job.trials_done,
+            job.tuning_s,
+            job.time_budget_s,
+            job.per_round,
+            job.seed,
+        )
+
+
+def _current(s, job_id: int, attempt: int) -> Job | None:
+    """The job row if attempt `attempt` still owns it (running), locked for the update."""
+    job = s.get(Job, job_id, with_for_update=True)
+    return job if job is not None and job.attempt == attempt and job.state == "running" else None
+
+
+def interruption(settings: Settings, job_id: int, attempt: int) -> str | None:
+    """Why a running search must stop: "cancelled" (asked to), "stale" (another attempt owns the job), or None."""
+    with session_scope(settings, write=False) as s:
+        job = s.get(Job, job_id)
+        if job is None or job.attempt != attempt or job.state != "running":
+            return "stale"
+        return "cancelled" if job.cancel_requested else None
+
+
+def record_round(
+    settings: Settings,
+    job_id: int,
+    attempt: int,
+    *,
+    trials_done: int,
+    tuning_s: float,
+    estimated_latency: float,
+    tasks: list[dict[str, Any]],
+    point: dict[str, Any] | None,
+) -> str | None:
+    """Write a round's progress (and its curve point); returns interruption()'s answer, read in the same transaction."""
+    with session_scope(settings) as s:
+        job = _current(s, job_id, attempt)
+        if job is None:
+            return "stale"
+        job.trials_done, job.tuning_s, job.tasks, job.updated_at = trials_done, tuning_s, tasks, now()
+        job.estimated_latency = finite(estimated_latency)
+        if point is not None:
+            s.add(JobPoint(job_id=job_id, **point))
+        return "cancelled" if job.cancel_requested else None
+
+
+def end_job(settings: Settings, job_id: int, attempt: int, state: str, message: str = "") -> bool:
+    """Attempt `attempt` ends the job: succeeded (cancelled if that was asked meanwhile), failed or cancelled."""
+    with session_scope(settings) as s:
+        job = _current(s, job_id, attempt)
+        if job is None:
+            return False
+        if state == "succeeded" and job.cancel_requested:
+            state = "cancelled"
+        job.state, job.error_message, job.finished_at, job.updated_at = state, message, now(), now()
+        return True
+
+
+def requeue_job(settings: Settings, job_id: int, attempt: int) -> int | None:
+    """Give a running job back to the queue as attempt + 1 (its worker is going away); returns the new attempt."""
+    with session_scope(settings) as s:
+        job = _current(s, job_id, attempt)
+        if job is None:
+            return None
+        return _requeue(job)
+
+
+def _requeue(job: Job) -> int:
+    job.attempt += 1
+    job.state, job.worker, job.updated_at = "queued", None, now()
+    return job.attempt
+
+
+def reap_lost_jobs(settings: Settings) -> list[tuple[int, int]]:
+    """Running jobs whose search worker is lost go back to the queue; returns (job id, new attempt) to enqueue."""
+    out: list[tuple[int, int]] = []
+    with session_scope(settings) as s:
+        # FOR UPDATE SKIP LOCKED: two reapers on PostgreSQL never requeue one job twice (SQLite's writers are serial)
+        jobs = s.scalars(select(Job).where(Job.state == "running").with_for_update(skip_locked=True)).all()
+        if not jobs:
+            return out
+        names = {j.worker for j in jobs if j.worker}
+        workers = {w.name: w for w in s.scalars(select(WorkerRow).where(WorkerRow.name.in_(names)))}
+        at = now()
+        for job in jobs:
+            if job.worker is not None and alive(workers.get(job.worker), settings, at):
+                continue
+            if job.worker is None and (at - aware(job.updated_at or at)).total_seconds() <= settings.worker_grace_s:
+                continue
+            out.append((job.id, _requeue(job)))
+    return out
+
+
+def restarted(settings: Settings, worker: str) -> list[tuple[int, int]]:
+    """A worker starts under a name whose old process is gone: its running jobs are requeued at once (returned, to
+    enqueue) and its unfinished batches marked lost, so their runners send them again without waiting."""
+    with session_scope(settings) as s:
+        jobs = s.scalars(select(Job).where(Job.state == "running", Job.worker == worker).with_for_update()).all()
+        out = [(j.id, _requeue(j)) for j in jobs]
+        s.execute(
+            update(MeasureBatch)
+            .where(MeasureBatch.worker == worker, MeasureBatch.state.in_(("sent", "running")))
+            .values(state="lost", finished_at=now())
+        )
+    return out
+
+
+def ensure_model_tasks(settings: Settings, model_id: int, tasks: list) -> None:
+    """The model's task rows (position, workload, name, weight), written once; the workloads must be described."""
+    with session_scope(settings) as s:
+        if s.scalars(select(ModelTask).where(ModelTask.model_id == model_id).limit(1)).first() is not None:
+            return
+        ids = dict(s.execute(select(Workload.key, Workload.id).where(Workload.key.in_([t.key for t in tasks]))).all())
+        for i, t in enumerate(tasks):
+            s.add(ModelTask(model_id=model_id, position=i, workload_id=ids[t.key], name=t.name, weight=t.weight))
+
+
+def live_target(settings: Settings, queue: str) -> dict[str, Any] | None:
+    """The stored Target fields of a live worker serving `queue` (the freshest heartbeat first), else None."""
+    with session_scope(settings, write=False) as s:
+        for w in s.scalars(select(WorkerRow).order_by(WorkerRow.last_heartbeat.desc())):
+            if queue in (w.queues or []) and w.target and alive(w, settings):
+                return dict(w.target)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+def batch_sent(
+    settings: Settings, batch_id: str, job_id: int | None, task: int | None, size: int, queue: str, try_number: int
+) -> None:
+    with session_scope(settings) as s:
+        s.add(
+            MeasureBatch(
+                id=batch_id, job_id=job_id, task=task, size=size, queue=queue, try_number=try_number, sent_at=now()
+            )
+        )
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """A batch row and the workers that bear on whether it is lost: its own, and every one serving its queue."""
+
+    state: str
+    worker: str | None
+    sent_at: datetime
+    started_at: datetime | None
+    workers: dict[str, WorkerRow]
+
+
+def batch_view(settings: Settings, batch_id: str) -> BatchView | None:
+    with session_scope(settings, write=False) as s:
+        b = s.get(MeasureBatch, batch_id)
+        if b is None:
+            return None
+        workers = {w.name: w for w in s.scalars(select(WorkerRow)) if w.name == b.worker or b.queue in (w.queues or [])}
+        started = aware(b.started_at) if b.started_at else None
+        return BatchView(b.state, b.worker, aware(b.sent_at), started, workers)
+
+
+def batch_ended(settings: Settings, batch_id: str, state: str, errors: dict[str, Any] | None = None) -> None:
+    """The runner gives up on a batch (lost, failed) or a worker finishes it (done, not over a lost mark)."""
+    with session_scope(settings) as s:
+        b = s.get(MeasureBatch, batch_id, with_for_update=True)
+        if b is None or (state == "done" and b.state == "lost"):
+            return
+        b.state, b.finished_at = state, now()
+        if errors is not None:
+            b.errors = errors
+
+
+def batch_taken(settings: Settings, batch_id: str, worker: str) -> bool:
+    """A worker received the batch (it may still wait for the measurement lock); False: it was given up, skip it."""
+    with session_scope(settings) as s:
+        b = s.get(MeasureBatch, batch_id, with_for_update=True)
+        if b is None:
+            return True  # sent without a row (by hand): measure it anyway
+        if b.state not in ("sent", "running"):
+            return False
+        b.worker = worker
+        return True
+
+
+def batch_running(settings: Settings, batch_id: str, worker: str) -> bool:
+    """The worker holds the measurement lock and starts; False if the batch was given up while it waited."""
+    with session_scope(settings) as s:
+        b = s.get(MeasureBatch, batch_id, with_for_update=True)
+        if b is not None and b.state not in ("sent", "running"):
+            return False
+        if b is not None:
+            b.state, b.worker, b.started_at = "running", worker, now()
+        s.execute(update(WorkerRow).where(WorkerRow.name == worker).values(current_batch=batch_id))
+        return True
+
+
+def batch_finished(settings: Settings, batch_id: str, worker: str, measured: int, errors: dict[str, int]) -> None:
+    """The worker measured the batch: the row done (unless given up meanwhile) and the worker's count grows."""
+    batch_ended(settings, batch_id, "done", errors)
+    with session_scope(settings) as s:
+        s.execute(
+            update(WorkerRow)
+            .where(WorkerRow.name == worker)
+            .values(measurements_done=WorkerRow.measurements_done + measured, current_batch=None)
+        )
+
+
+def worker_idle(settings: Settings, worker: str) -> None:
+    with session_scope(settings) as s:
+        s.execute(update(WorkerRow).where(WorkerRow.name == worker).values(current_batch=None))
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def register_worker(
+    settings: Settings,
+    name: str,
+    *,
+    kind: str,
+    fingerprint: str,
+    target: dict[str, Any],
+    queues: list[str],
+    pid: int,
+    hostname: str,
+) -> None:
+    """Insert or refresh the worker's row (by node name): a restarted worker keeps its measurement count."""
+    with session_scope(settings) as s:
+        row = s.scalars(select(WorkerRow).where(WorkerRow.name == name).with_for_update()).first()
+        if row is None:
+            row = WorkerRow(name=name, measurements_done=0)
+            s.add(row)
+        row.kind, row.fingerprint, row.target, row.queues = kind, fingerprint, target, queues
+        row.pid, row.hostname, row.started_at, row.last_heartbeat = pid, hostname, now(), now()
+        row.current_batch, row.stopped = None, False
+
+
+def heartbeat(settings: Settings, name: str) -> None:
+    with session_scope(settings) as s:
+        s.execute(update(WorkerRow).where(WorkerRow.name == name).values(last_heartbeat=now()))
+
+
+def worker_stopped(settings: Settings, name: str) -> None:
+    with session_scope(settings) as s:
+        s.execute(update(WorkerRow).where(WorkerRow.name == name).values(stopped=True, current_batch=None))
+
+
+# ---------------------------------------------------------------------------------------------- artifacts
+
+
+@dataclass(frozen=True)
+class ArtifactJob:
+    artifact_id: int
+    model_name: str
+    model_path: str
+    input_shapes: dict[str, list[int]] | None
+    host: str
+
+
+def artifact_building(settings: Settings, artifact_id: int) -> ArtifactJob | None:
+    """Take a queued artifact (state building); None if it is not queued (a duplicate message) or gone."""
+    with session_scope(settings) as s:
+        a = s.get(ArtifactRow, artifact_id, with_for_update=True)
+        if a is None or a.state != "queued":
+            return None
+        model = s.get(UploadedModel, a.model_id)
+        if model is None:
+            a.state, a.error_message, a.finished_at = "failed", "the model no longer exists", now()
+            return None
+        a.state = "building"
+        return ArtifactJob(a.id, model.name, model.path, model.input_shapes or None, a.host)
+
+
+def artifact_ready(
+    settings: Settings, artifact_id: int, *, path: str, sha256: str, size_bytes: int, records_used: list
+) -> None:
+    with session_scope(settings) as s:
+        a = s.get(ArtifactRow, artifact_id, with_for_update=True)
+        if a is not None:
+            a.state, a.path, a.sha256, a.size_bytes, a.records_used = "ready", path, sha256, size_bytes, records_used
+            a.error_message, a.finished_at = "", now()
+
+
+def artifact_failed(settings: Settings, artifact_id: int, message: str) -> None:
+    with session_scope(settings) as s:
+        a = s.get(ArtifactRow, artifact_id, with_for_update=True)
+        if a is not None:
+            a.state, a.error_message, a.finished_at = "failed", message, now()

@@ -1,0 +1,363 @@
+"""The farm's Celery tasks: drive a tuning job (search), measure a batch of candidates, compile an artifact.
+
+`celery -A workers.tasks worker` (or `tilefarm worker`) runs them. A worker process measures one batch at a time
+(MEASURE_LOCK): two measurements, or a compile beside a measurement, would share the cores and spoil the timings."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from celery.signals import worker_shutdown
+
+from compiler import dag_json
+from compiler.errors import TilefarmError
+from compiler.measure import (
+    INSTANTIATION,
+    UNKNOWN,
+    LocalBuilder,
+    LocalRunner,
+    MeasureInput,
+    MeasureResult,
+    measure,
+    to_record,
+)
+from compiler.state import step_from_record
+from compiler.target import Target
+from compiler.tasks import Task
+from server.database import SQLDatabase
+from server.settings import Settings
+from workers import heartbeat, progress
+from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, make_celery
+from workers.dispatch import enqueue_job
+from workers.farm import FarmBuilder, FarmRunner, JobInterrupted, RunnerOptions
+
+log = logging.getLogger("tilefarm.workers")
+
+settings = Settings.from_env()
+app = make_celery(settings)
+heartbeat.install(app, settings)
+
+MEASURE_LOCK = threading.Lock()
+WAIT_FOR_WORKER_S = 1.0  # how often a job without a live measuring worker looks again
+
+# per process, made on first use and kept: the builder's process pool and the runner's sandbox and references
+_builders: dict[float, LocalBuilder] = {}
+_runners: dict[tuple, LocalRunner] = {}
+_records: list[SQLDatabase] = []
+
+
+def _records_db() -> SQLDatabase:
+    if not _records:
+        _records.append(SQLDatabase(settings.database_url))
+    return _records[0]
+
+
+def one_line(e: BaseException) -> str:
+    """What a user reads about a failure: the error's first line, never a traceback."""
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    return (text if isinstance(e, TilefarmError) and text else f"{type(e).__name__}: {text}".rstrip(": "))[:1000]
+
+
+# ---------------------------------------------------------------------------------------------- measure
+
+
+@app.task(name=MEASURE_BATCH, bind=True)
+def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
+    """Build and run a batch on this worker's host, commit every result as a record, return the results."""
+    batch_id, node = self.request.id, self.request.hostname
+    if not progress.batch_taken(settings, batch_id, node):
+        return {"skipped": True}
+    with MEASURE_LOCK:
+        if not progress.batch_running(settings, batch_id, node):
+            progress.worker_idle(settings, node)
+            return {"skipped": True}
+        try:
+            results = _measure(payload)
+        except BaseException:
+            progress.worker_idle(settings, node)
+            raise
+        errors: dict[str, int] = {}
+        for r in results:
+            if r["error"]:
+                errors[r["error"]] = errors.get(r["error"], 0) + 1
+        progress.batch_finished(settings, batch_id, node, len(results), errors)
+    return {"results": results}
+
+
+def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    host = Target.host()
+    cands = payload["candidates"]
+    if payload.get("host") not in (None, host.fingerprint()):
+        why = f"this worker measures host class {host.fingerprint()}, the batch is for {payload['host']}"
+        return [_as_json(MeasureResult((), UNKNOWN, why, 0.0, 0.0)) for _ in cands]
+    key = payload["workload_key"]
+    task = Task(key, dag_json.from_json(payload["dag"], key), payload["name"])
+    out: list[MeasureResult | None] = [None] * len(cands)
+    todo: list[tuple[int, MeasureInput]] = []
+    for i, c in enumerate(cands):
+        try:
+            todo.append((i, MeasureInput(task, tuple(step_from_record(s) for s in c["steps"]), c.get("trace"))))
+        except TilefarmError as e:  # steps this version cannot read (a search worker of another version sent them)
+            out[i] = MeasureResult((), INSTANTIATION, str(e), 0.0, 0.0)
+    options = RunnerOptions(**payload.get("options", {}))
+    measured = measure([inp for _, inp in todo], _builder(options), _runner(options))
+    records = []
+    for (i, inp), r in zip(todo, measured):
+        out[i] = r
+        records.append(to_record(inp, r, host))
+    db = _records_db()
+    # one process-wide database object: who ran the batch is set here, under MEASURE_LOCK, for this commit only
+    db.created_by = f"job/{payload['job_id']}" if payload.get("job_id") is not None else None
+    db.import_records(records)
+    return [_as_json(r) for r in out if r is not None]
+
+
+def _as_json(r: MeasureResult) -> dict[str, Any]:
+    return {
+        "costs": list(r.costs),
+        "error": r.error,
+        "message": r.message,
+        "build_seconds": r.build_seconds,
+        "run_seconds": r.run_seconds,
+        "timestamp": r.timestamp,
+    }
+
+
+def _builder(o: RunnerOptions) -> LocalBuilder:
+    if o.build_timeout not in _builders:
+        _builders[o.build_timeout] = LocalBuilder(timeout=o.build_timeout)
+    return _builders[o.build_timeout]
+
+
+def _runner(o: RunnerOptions) -> LocalRunner:
+    key = (o.timeout, o.number, o.repeat, o.min_repeat_ms, o.cache_flush, o.threads)
+    if key not in _runners:
+        _runners[key] = LocalRunner(
+            timeout=o.timeout,
+            number=o.number,
+            repeat=o.repeat,
+            min_repeat_ms=o.min_repeat_ms,
+            cache_flush=o.cache_flush,
+            threads=o.threads,
+        )
+    return _runners[key]
+
+
+def close_measurement(**_) -> None:
+    """Stop the builder pools and runner sandboxes (worker shutdown)."""
+    with MEASURE_LOCK:
+        pools: list[LocalBuilder | LocalRunner] = [*_builders.values(), *_runners.values()]
+        for x in pools:
+            x.close()
+        _builders.clear()
+        _runners.clear()
+
+
+worker_shutdown.connect(close_measurement)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+
+
+@app.task(name=COMPILE_ARTIFACT, ignore_result=True)  # the artifact row is the result
+def compile_artifact(artifact_id: int) -> str:
+    """Compile a model into storage/artifacts/<id>.tar with the best records of this host; state ready or failed."""
+    job = progress.artifact_building(settings, artifact_id)
+    if job is None:
+        return "stale"
+    try:
+        from compiler.build import build
+        from compiler.onnx_frontend import load
+
+        host = Target.host().fingerprint()
+        if job.host != host:
+            raise TilefarmError(f"the artifact is for host class {job.host}, but this worker is {host}")
+        folder = settings.storage / "artifacts"
+        folder.mkdir(parents=True, exist_ok=True)
+        path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
+        graph = load(job.model_path, job.input_shapes)
+        with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
+            info = build(graph, partial, name=_c_name(job.model_name), records=_records_db())
+        os.replace(partial, path)  # never a half-written artifact under its final name
+        data = path.read_bytes()
+        progress.artifact_ready(
+            settings,
+            artifact_id,
+            path=str(path),
+            sha256=hashlib.sha256(data).hexdigest(),
+            size_bytes=len(data),
+            records_used=list(info.records_used.values()),
+        )
+        return "ready"
+    except Exception as e:
+        log.exception("artifact %d failed", artifact_id)
+        progress.artifact_failed(settings, artifact_id, one_line(e))
+        return "failed"
+
+
+def _c_name(model_name: str) -> str:
+    """The artifact's library and header name: a C identifier made from the model's name."""
+    name = re.sub(r"\W", "_", Path(model_name).stem.lower()).strip("_") or "model"
+    return f"m_{name}" if name[0].isdigit() else name
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+
+@app.task(name=SEARCH_JOB, bind=True, ignore_result=True)  # the job row is the result
+def search_job(self, job_id: int, attempt: int) -> str:
+    """Run attempt `attempt` of a tuning job to its end (see the module docstring of workers.farm for measuring)."""
+    node = self.request.hostname
+    claim = progress.claim_job(settings, job_id, attempt, node)
+    if claim is None:
+        return "stale"
+    try:
+        _search(claim)
+    except JobInterrupted as e:
+        if e.reason == "cancelled":
+            progress.end_job(settings, job_id, attempt, "cancelled")
+        elif e.reason == "shutdown":
+            new = progress.requeue_job(settings, job_id, attempt)
+            if new is not None:
+                enqueue_job(settings, job_id, new)
+        return e.reason
+    except Exception as e:
+        log.exception("job %d failed", job_id)
+        progress.end_job(settings, job_id, attempt, "failed", one_line(e))
+        return "failed"
+    progress.end_job(settings, job_id, attempt, "succeeded")
+    return "succeeded"
+
+
+def _interruption(claim: progress.Claim) -> str | None:
+    if heartbeat.SHUTTING_DOWN.is_set():
+        return "shutdown"
+    return progress.interruption(settings, claim.job_id, claim.attempt)
+
+
+def _wait_for_target(claim: progress.Claim) -> Target:
+    """The Target of a live worker measuring for the job's queue, waiting (and honouring a cancel) while none is."""
+    while True:
+        fields = progress.live_target(settings, claim.queue)
+        if fields is not None:
+            return Target(**fields)
+        reason = _interruption(claim)
+        if reason:
+            raise JobInterrupted(reason)
+        time.sleep(WAIT_FOR_WORKER_S)
+
+
+class _Progress:
+    """The scheduler's callback: after every round, the job row, its task table and a curve point."""
+
+    def __init__(self, claim: progress.Claim, positions: dict[str, int]):
+        self.claim, self.positions = claim, positions
+        self.start = time.monotonic()
+        self.trials: dict[str, int] = {}  # per task, at the last report: the round's task is the one that grew
+        self.errors: dict[str, int] = {}
+
+    def __call__(self, sched) -> None:
+        self.write(sched, point=True, check=True)
+
+    def write(self, sched, point: bool, check: bool) -> None:
+        c = self.claim
+        before, self.trials = self.trials, {p.task.key: p.trials for p in sched.progress}
+        grew = [p.task.key for p in sched.progress if p.trials != before.get(p.task.key, p.trials)]
+        errors = {k: v - self.errors.get(k, 0) for k, v in sched.stats.errors.items() if v != self.errors.get(k, 0)}
+        self.errors = dict(sched.stats.errors)
+        trials_done = c.trials_done + sched.stats.trials
+        tuning_s = c.tuning_s + time.monotonic() - self.start
+        curve_point = {
+            "trials": trials_done,
+            "elapsed_s": tuning_s,
+            "estimated_latency": progress.finite(sched.estimated_latency),
+            "task": self.positions[grew[0]] if grew else None,
+            "task_best": [progress.finite(p.best) for p in sched.progress],
+            "errors": errors,
+        }
+        reason = progress.record_round(
+            settings,
+            c.job_id,
+            c.attempt,
+            trials_done=trials_done,
+            tuning_s=tuning_s,
+            estimated_latency=sched.estimated_latency,
+            tasks=[_task_row(i, p) for i, p in enumerate(sched.progress)],
+            point=curve_point if point else None,
+        )
+        if heartbeat.SHUTTING_DOWN.is_set():
+            reason = reason or "shutdown"
+        if reason and check:
+            raise JobInterrupted(reason)
+
+
+def _task_row(position: int, p) -> dict[str, Any]:
+    latency = progress.finite(p.best)
+    return {
+        "position": position,
+        "name": p.task.name,
+        "flops": p.task.flop_count,
+        "weight": p.task.weight,
+        "gflops": p.gflops,
+        "latency_s": latency,
+        "weighted_latency_s": latency * p.task.weight if latency is not None else None,
+        "trials": p.trials,
+        "done": p.done,
+    }
+
+
+def _search(claim: progress.Claim) -> None:
+    from compiler.cost_model import XGBModel
+    from compiler.onnx_frontend import load
+    from compiler.tasks import extract_tasks
+    from compiler.transfer import ModelCache
+    from compiler.tune import TaskScheduler, TuneOptions
+
+    tasks, _, _ = extract_tasks(load(claim.model_path, claim.input_shapes))
+    positions = {t.key: i for i, t in enumerate(tasks)}
+    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}")
+    try:
+        db.describe_workloads(tasks)
+        progress.ensure_model_tasks(settings, claim.model_id, tasks)
+        target = _wait_for_target(claim)
+        report = _Progress(claim, positions)
+        trials = claim.trials - claim.trials_done
+        time_left = None if claim.time_budget_s is None else claim.time_budget_s - claim.tuning_s
+        if trials <= 0 or (time_left is not None and time_left <= 0):
+            return
+        prior, line = ModelCache().load_or_train(db, db.identity, target)
+        log.info("job %d: %s", claim.job_id, line)
+        options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
+        runner = FarmRunner(
+            settings,
+            app,
+            job_id=claim.job_id,
+            queue=claim.queue,
+            host=claim.host,
+            positions=positions,
+            interrupted=lambda: _interruption(claim),
+        )
+        sched = TaskScheduler(
+            tasks,
+            db,
+            options,
+            model=XGBModel(seed=claim.seed, prior=prior),
+            builder=FarmBuilder(),
+            runner=runner,
+            target=target,
+            callback=report,
+        )
+        sched.resume()
+        report.write(sched, point=False, check=True)  # what the records hold, before this attempt's first round
+        sched.run()
+        report.write(sched, point=False, check=False)  # end_job settles a cancel that came after the last round
+    finally:
+        db.close()
