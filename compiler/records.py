@@ -107,6 +107,11 @@ class Database(Protocol):
         """Every record, for training cost models and exporting."""
         ...
 
+    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
+        """Every record (failed ones too) of these workloads for `target` measured on `host`, in commit order: what
+        resuming a tuning run takes as already measured."""
+        ...
+
 
 class JSONLinesDatabase:
     """Records in a JSON-lines file, appended on commit; indexed in memory when opened."""
@@ -162,6 +167,10 @@ class JSONLinesDatabase:
 
     def __iter__(self) -> Iterator[TuningRecord]:
         return iter(list(self._records))
+
+    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
+        keys = set(workload_keys)
+        return iter([r for r in self._records if r.workload_key in keys and r.target == target and r.host == host])
 
     def __len__(self) -> int:
         return len(self._records)

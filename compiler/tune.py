@@ -120,10 +120,8 @@ class TaskScheduler:
         by_key = {p.task.key: p for p in self.progress}
         xs, costs, groups = [], [], []
         target, host = target_name(self.target), self.target.fingerprint()
-        for rec in self.database:
-            p = by_key.get(rec.workload_key)
-            if p is None or rec.target != target or rec.host != host:
-                continue
+        for rec in self.database.records_of(by_key, target, host):
+            p = by_key[rec.workload_key]
             key = rec.identity[2]  # the step list as JSON, the form program_key gives
             if key in p.policy.measured:
                 continue

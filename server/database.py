@@ -309,6 +309,21 @@ class SQLDatabase:
         """Every record in commit order, read in batches (each its own short query, so no long-held cursor)."""
         return (record for _, record in self.training_records())
 
+    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
+        """Every record of these workloads for `target` measured on `host`, in commit order (one indexed query per
+        batch of ids: a team database holds every other model's records too)."""
+        keys, last = sorted(set(workload_keys)), 0
+        while keys:
+            q = self._select().where(
+                Workload.key.in_(keys), TargetRow.name == target, Host.fingerprint == host, Record.id > last
+            )
+            with self.engine.connect() as conn:
+                rows = conn.execute(q.order_by(Record.id).limit(BATCH)).all()
+            yield from (self._record(r) for r in rows)
+            if len(rows) < BATCH:
+                return
+            last = rows[-1][0]
+
     def training_records(self, host: str | None = None, after: int = 0) -> Iterator[tuple[int, TuningRecord]]:
         """(id, record) in commit order of the records measured on `host` (every host when None) whose id is above
         `after`: a reader that keeps the last id it saw reads only what arrived since (compiler.transfer)."""

@@ -55,6 +55,20 @@ def test_best_is_fastest_first_without_errors(db):
     assert db.best("nope", TARGET, "h1") == [] and db.best("w1", TARGET, "h9") == []
 
 
+def test_records_of_takes_only_those_workloads_target_and_host(db, tmp_path):
+    from compiler.records import JSONLinesDatabase
+
+    mine = [rec(), rec(tile=8, costs=(), error="run"), rec(key="w2", tile=2)]
+    others = [rec(key="w3"), rec(host="h2"), rec(target="llvm -mcpu=other")]
+    for r in [mine[0], *others, *mine[1:]]:
+        db.commit(r)
+    assert list(db.records_of(["w1", "w2"], TARGET, "h1")) == mine  # failed ones too, in commit order
+    assert list(db.records_of([], TARGET, "h1")) == []
+    jsonl = JSONLinesDatabase(tmp_path / "records.jsonl")
+    jsonl.import_records(db)
+    assert list(jsonl.records_of({"w1", "w2"}, TARGET, "h1")) == mine
+
+
 def test_best_never_crosses_hosts_unless_asked(db):
     here = this_host()
     db.commit(rec(host="elsewhere", tile=2, costs=(0.1,)))  # faster, but measured on another machine class
