@@ -217,9 +217,11 @@ class SQLDatabase:
         """Store a record; False if one with the same workload, host and steps is already stored."""
         return self._write([(record, None, self.created_by)]) == 1
 
-    def import_records(self, records: Iterable[TuningRecord]) -> int:
-        """Commit many; returns how many were new (importing the same records twice adds nothing)."""
-        return self._write((r, None, self.created_by) for r in records)
+    def import_records(self, records: Iterable[TuningRecord], created_by: str | None = None) -> int:
+        """Commit many (run by `created_by`, default this database's); returns how many were new (importing the same
+        records twice adds nothing)."""
+        by = created_by if created_by is not None else self.created_by
+        return self._write((r, None, by) for r in records)
 
     def import_file(self, path: str | Path) -> int:
         """Commit the records of a JSON-lines file (an `export`, or a `tune --records` file) with the provenance

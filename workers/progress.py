@@ -13,8 +13,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from server.catalog import is_alive
 from server.db import session_scope
 from server.models import ArtifactRow, Job, JobPoint, MeasureBatch, ModelTask, UploadedModel, WorkerRow, Workload
+from server.schemas import as_utc as aware  # SQLite gives datetimes back without their zone; all stored are UTC
 from server.settings import Settings
 
 
@@ -22,16 +24,9 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def aware(t: datetime) -> datetime:
-    """SQLite gives datetimes back without their zone; everything written here is UTC."""
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
 def alive(row: WorkerRow | None, settings: Settings, at: datetime | None = None) -> bool:
-    """A worker is alive while it has not stopped and its last heartbeat is within the grace period."""
-    if row is None or row.stopped:
-        return False
-    return ((at or now()) - aware(row.last_heartbeat)).total_seconds() <= settings.worker_grace_s
+    """A worker row that exists and is alive by the API's rule (not stopped, heartbeat within the grace period)."""
+    return row is not None and is_alive(row, settings, at)
 
 
 def finite(x: float) -> float | None:

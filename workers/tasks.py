@@ -31,6 +31,7 @@ from compiler.measure import (
 from compiler.state import step_from_record
 from compiler.target import Target
 from compiler.tasks import Task
+from server.catalog import records_db
 from server.database import SQLDatabase
 from server.settings import Settings
 from workers import heartbeat, progress
@@ -50,13 +51,6 @@ WAIT_FOR_WORKER_S = 1.0  # how often a job without a live measuring worker looks
 # per process, made on first use and kept: the builder's process pool and the runner's sandbox and references
 _builders: dict[float, LocalBuilder] = {}
 _runners: dict[tuple, LocalRunner] = {}
-_records: list[SQLDatabase] = []
-
-
-def _records_db() -> SQLDatabase:
-    if not _records:
-        _records.append(SQLDatabase(settings.database_url))
-    return _records[0]
 
 
 def one_line(e: BaseException) -> str:
@@ -113,10 +107,8 @@ def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
     for (i, inp), r in zip(todo, measured):
         out[i] = r
         records.append(to_record(inp, r, host))
-    db = _records_db()
-    # one process-wide database object: who ran the batch is set here, under MEASURE_LOCK, for this commit only
-    db.created_by = f"job/{payload['job_id']}" if payload.get("job_id") is not None else None
-    db.import_records(records)
+    job = payload.get("job_id")
+    records_db(settings.database_url).import_records(records, created_by=f"job/{job}" if job is not None else None)
     return [_as_json(r) for r in out if r is not None]
 
 
@@ -185,7 +177,7 @@ def compile_artifact(artifact_id: int) -> str:
         path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
         graph = load(job.model_path, job.input_shapes)
         with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
-            info = build(graph, partial, name=_c_name(job.model_name), records=_records_db())
+            info = build(graph, partial, name=_c_name(job.model_name), records=records_db(settings.database_url))
         os.replace(partial, path)  # never a half-written artifact under its final name
         data = path.read_bytes()
         progress.artifact_ready(
