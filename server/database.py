@@ -26,6 +26,8 @@ from server.settings import Settings
 
 BATCH = 1000  # records per query when iterating the whole database
 _RECORD_IDENTITY = ["workload_id", "host_id", "steps_hash"]  # the unique key on tuning_records
+# what a stored record holds besides the TuningRecord: who measured it, for which job, and how long it took
+RECORD_EXTRAS = ("created_by", "job_id", "build_seconds", "run_seconds")
 # what a host row says besides its fingerprint; exports carry it, so a merged database knows where timings came from
 HOST_DETAILS = (
     *("kind", "cpu_model", "mcpu", "isa_features", "cores", "l1_bytes", "l2_bytes", "l3_bytes", "gpu", "npu"),
@@ -101,10 +103,18 @@ class SQLDatabase:
     On open, the schema is upgraded to the newest revision (`upgrade_schema=None` does that for SQLite files; a
     shared PostgreSQL database is upgraded explicitly with `tilefarm db upgrade`, and opening an old one raises)."""
 
-    def __init__(self, url: str | None = None, *, upgrade_schema: bool | None = None, created_by: str | None = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        upgrade_schema: bool | None = None,
+        created_by: str | None = None,
+        job_id: int | None = None,
+    ):
         self.url = url or Settings.from_env().database_url
         self.engine = create_engine_for(self.url)
-        self.created_by = created_by
+        self.created_by = created_by  # who measured what `commit` stores, e.g. "job/12"
+        self.job_id = job_id  # the service's tuning job that measured it
         self._ids: dict[tuple[str, str], int] = {}  # (table, natural key) -> id of rows known to be committed
         if upgrade_schema is None:
             upgrade_schema = self.engine.dialect.name == "sqlite"
@@ -181,7 +191,7 @@ class SQLDatabase:
         }
 
     def _insert_record(
-        self, conn: Connection, record: TuningRecord, new: dict, host: dict[str, Any] | None, created_by: str | None
+        self, conn: Connection, record: TuningRecord, new: dict, host: dict[str, Any] | None, extra: dict[str, Any]
     ) -> bool:
         steps = steps_json(record.steps)
         host = _known_host_details(host or {}) or self._host_details(record.host)
@@ -196,32 +206,48 @@ class SQLDatabase:
             "error": record.error,
             "error_message": record.error_message,
             "timestamp": record.timestamp,
-            "created_by": created_by,
             "version": record.version,
             "trace": record.trace,
+            **{column: extra.get(column) for column in RECORD_EXTRAS},
         }
         stmt = self._insert(Record).values(row).on_conflict_do_nothing(index_elements=_RECORD_IDENTITY)
         return conn.execute(stmt.returning(Record.id)).first() is not None  # no row back: it was there
 
-    def _write(self, items: Iterable[tuple[TuningRecord, dict[str, Any] | None, str | None]]) -> int:
-        """Commit (record, host details, who ran it) items, BATCH to a transaction; returns how many were new."""
+    def _write(self, items: Iterable[tuple[TuningRecord, dict[str, Any] | None, dict[str, Any]]]) -> int:
+        """Commit (record, host details, RECORD_EXTRAS columns) items, BATCH to a transaction; returns how many were
+        new."""
         added, items = 0, iter(items)
         while chunk := list(itertools.islice(items, BATCH)):
             new: dict[tuple[str, str], int] = {}
             with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
-                added += sum(self._insert_record(conn, r, new, host, by) for r, host, by in chunk)
+                added += sum(self._insert_record(conn, r, new, host, extra) for r, host, extra in chunk)
             self._ids.update(new)  # only now: a rolled-back insert must not leave a cached id behind
         return added
 
     def commit(self, record: TuningRecord) -> bool:
         """Store a record; False if one with the same workload, host and steps is already stored."""
-        return self._write([(record, None, self.created_by)]) == 1
+        return self._write([(record, None, {"created_by": self.created_by, "job_id": self.job_id})]) == 1
 
-    def import_records(self, records: Iterable[TuningRecord], created_by: str | None = None) -> int:
-        """Commit many (run by `created_by`, default this database's); returns how many were new (importing the same
-        records twice adds nothing)."""
-        by = created_by if created_by is not None else self.created_by
-        return self._write((r, None, by) for r in records)
+    def import_records(
+        self,
+        records: Iterable[TuningRecord],
+        created_by: str | None = None,
+        job_id: int | None = None,
+        seconds: Iterable[tuple[float | None, float | None]] | None = None,
+    ) -> int:
+        """Commit many, measured by `created_by` for the job `job_id` (default: this database's), with each one's
+        (build, run) `seconds` where known; returns how many were new (importing the same records twice adds
+        nothing, and a record stored before keeps its provenance)."""
+        provenance = {
+            "created_by": created_by if created_by is not None else self.created_by,
+            "job_id": job_id if job_id is not None else self.job_id,
+        }
+        if seconds is None:
+            return self._write((r, None, provenance) for r in records)
+        return self._write(
+            (r, None, {**provenance, "build_seconds": b, "run_seconds": s})
+            for r, (b, s) in zip(records, seconds, strict=True)
+        )
 
     def import_file(self, path: str | Path) -> int:
         """Commit the records of a JSON-lines file (an `export`, or a `tune --records` file) with the provenance
@@ -234,7 +260,7 @@ class SQLDatabase:
                 provenance = json.loads(line).get("provenance")
                 provenance = provenance if isinstance(provenance, dict) else {}
                 host = provenance.get("host")
-                yield record, host if isinstance(host, dict) else None, provenance.get("created_by")
+                yield record, host if isinstance(host, dict) else None, {"created_by": provenance.get("created_by")}
 
         return self._write(items())
 

@@ -91,6 +91,8 @@ class Record(Base):
         UniqueConstraint("workload_id", "host_id", "steps_hash"),
         Index("ix_tuning_records_best", "workload_id", "target_id", "host_id", "mean_cost"),
         Index("ix_tuning_records_training", "host_id", "workload_id"),
+        # a job's records in commit order, paged (the dashboard's records table)
+        Index("ix_tuning_records_job", "job_id", "id"),
     )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
@@ -108,6 +110,8 @@ class Record(Base):
     created_by: Mapped[str | None] = mapped_column(String(255))
     version: Mapped[str] = mapped_column(String(32))  # tilefarm version that measured it
     trace: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))  # how the search made it
+    # the tuning job whose measurement made it (NULL: imported, tuned offline, or the job was deleted since)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
 
 
 class Team(Base):

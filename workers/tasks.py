@@ -108,7 +108,12 @@ def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
         out[i] = r
         records.append(to_record(inp, r, host))
     job = payload.get("job_id")
-    records_db(settings.database_url).import_records(records, created_by=f"job/{job}" if job is not None else None)
+    records_db(settings.database_url).import_records(
+        records,
+        created_by=f"job/{job}" if job is not None else None,
+        job_id=job,
+        seconds=[(r.build_seconds, r.run_seconds) for r in measured],
+    )
     return [_as_json(r) for r in out if r is not None]
 
 
@@ -315,7 +320,7 @@ def _search(claim: progress.Claim) -> None:
 
     tasks, _, _ = extract_tasks(load(claim.model_path, claim.input_shapes))
     positions = {t.key: i for i, t in enumerate(tasks)}
-    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}")
+    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id)
     try:
         db.describe_workloads(tasks)
         progress.ensure_model_tasks(settings, claim.model_id, tasks)
