@@ -230,6 +230,73 @@ class Progress(BaseModel):
     points: list[PointOut]
 
 
+ErrorGroup = Literal["build", "run", "timeout", "wrong_answer"]  # server.job_detail.ERROR_GROUPS maps codes to them
+RecordFilter = Literal["build", "run", "timeout", "wrong_answer", "ok", "failed"]
+RecordOrder = Literal["id", "-id", "latency"]
+
+
+class JobRecordOut(BaseModel):
+    """A record a job's measurement made; `task` is its position in the job's model."""
+
+    id: int
+    task: int | None
+    task_name: str | None
+    mean_cost: float | None  # seconds; None for a failed measurement
+    error: str | None  # the stored code, e.g. "build_timeout"
+    group: ErrorGroup | None  # the error's group in the breakdown
+    error_message: str
+    timestamp: float  # seconds since the epoch
+    created_by: str | None
+    build_seconds: float | None
+    run_seconds: float | None
+
+
+class JobRecordPage(BaseModel):
+    total: int  # records that match the filters, on every page
+    records: list[JobRecordOut]
+
+
+class ErrorCounts(BaseModel):
+    build: int = 0
+    run: int = 0
+    timeout: int = 0
+    wrong_answer: int = 0
+
+
+class JobErrorOut(BaseModel):
+    record_id: int
+    task: int | None
+    error: str
+    group: ErrorGroup
+    error_message: str
+    timestamp: float
+
+
+class JobErrors(BaseModel):
+    counts: ErrorCounts
+    ok: int
+    latest: list[JobErrorOut]  # newest first
+
+
+class BatchOut(BaseModel):
+    id: str
+    task: int | None
+    size: int
+    queue: str
+    worker: str | None
+    state: str  # sent, running, done, lost, failed
+    try_number: int
+    errors: dict[str, Any] | None  # error code -> count when done; {"lost": why} or {"failure": why} otherwise
+    sent_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+
+
+class JobBatches(BaseModel):
+    total: int  # the job's batches; `batches` holds the latest `limit` of them
+    batches: list[BatchOut]  # by sent_at, oldest first
+
+
 # ---------------------------------------------------------------------------------------------- artifacts
 
 
@@ -269,6 +336,62 @@ class RecordPage(BaseModel):
     records: list[RecordOut]
 
 
+class CoverageHost(BaseModel):
+    fingerprint: str
+    cpu_model: str | None
+    kind: str | None
+    alive_workers: int
+    target: str | None  # the target its records are counted for (None: any llvm target, the CPU is not known)
+
+
+class ModelCoverageRow(BaseModel):
+    id: int
+    name: str
+    tasks: int
+    tuned: list[int]  # per host (in `hosts` order): how many tasks have an error-free record
+    task_tuned: list[list[bool]]  # per host, per task position
+
+
+class CoverageMatrix(BaseModel):
+    hosts: list[CoverageHost]
+    models: list[ModelCoverageRow]
+
+
+class WorkloadHostOut(BaseModel):
+    host: str
+    records: int
+    best_latency_s: float | None
+    best_record_id: int | None
+
+
+class WorkloadOut(BaseModel):
+    key: str
+    op_tag: str | None
+    flops: int | None
+    shapes: Any | None  # {"inputs": [[...], ...], "outputs": [[...]]}
+    records: int
+    hosts: list[WorkloadHostOut]
+
+
+class WorkloadPage(BaseModel):
+    total: int
+    workloads: list[WorkloadOut]
+
+
+WorkloadOrder = Literal["records", "-records", "flops", "-flops"]
+
+
+class ScheduleOut(BaseModel):
+    record_id: int
+    workload_key: str
+    op_tag: str | None
+    host: str
+    target: str
+    mean_cost: float | None
+    steps: list[Any]  # the step records, ["SP", 2, 0, [8], true], ...
+    loop_nest: str  # the lowered loop IR, printed
+
+
 class ImportResult(BaseModel):
     added: int
 
@@ -283,5 +406,8 @@ class WorkerOut(BaseModel):
     started_at: Timestamp
     last_heartbeat: Timestamp
     alive: bool
+    state: Literal["alive", "lost", "stopped"]  # lost: not stopped, yet silent past TILEFARM_WORKER_GRACE_S
     measurements_done: int
     current_batch: str | None
+    current_job: int | None  # the job of its current batch (or of the search it runs), if the caller's team's
+    current_task: int | None  # that batch's task position

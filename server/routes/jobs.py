@@ -11,9 +11,22 @@ from fastapi import APIRouter, Header, Query, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from server import jobs
+from server import job_detail, jobs
 from server.auth import CurrentTeam, CurrentTeamOrQuery, SessionDep, SettingsDep
-from server.schemas import ERROR_RESPONSES, JobCreate, JobOut, JobState, NotFound, Progress, error_responses
+from server.schemas import (
+    ERROR_RESPONSES,
+    JobBatches,
+    JobCreate,
+    JobErrors,
+    JobOut,
+    JobRecordPage,
+    JobState,
+    NotFound,
+    Progress,
+    RecordFilter,
+    RecordOrder,
+    error_responses,
+)
 from server.settings import Settings
 
 router = APIRouter(tags=["jobs"], responses=ERROR_RESPONSES)
@@ -61,6 +74,39 @@ def job_progress(
 ) -> Progress:
     """The job and its convergence points with an id above `after`."""
     return jobs.progress(settings, who.team_id, job_id, after)
+
+
+@router.get("/jobs/{job_id}/records", responses=error_responses(404))
+def job_records(
+    job_id: int,
+    who: CurrentTeam,
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    task: Annotated[int | None, Query(ge=0, description="task position in the job's model")] = None,
+    error: Annotated[RecordFilter | None, Query(description="an error group, ok (no error) or failed (any)")] = None,
+    order: Annotated[RecordOrder, Query(description="id, -id (newest first) or latency (fastest first)")] = "id",
+) -> JobRecordPage:
+    """A page of the records the job's measurements made, with the total that match the filters."""
+    return job_detail.job_records(
+        session, who.team_id, job_id, offset=offset, limit=limit, task=task, error=error, order=order
+    )
+
+
+@router.get("/jobs/{job_id}/errors", responses=error_responses(404))
+def job_errors(
+    job_id: int, who: CurrentTeam, session: SessionDep, latest: Annotated[int, Query(ge=0, le=500)] = 20
+) -> JobErrors:
+    """The job's failed measurements per error group (build, run, timeout, wrong_answer), and the latest ones."""
+    return job_detail.job_errors(session, who.team_id, job_id, latest)
+
+
+@router.get("/jobs/{job_id}/batches", responses=error_responses(404))
+def job_batches(
+    job_id: int, who: CurrentTeam, session: SessionDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 2000
+) -> JobBatches:
+    """The timeline of the job's measurement batches (the latest `limit`, by sent_at): worker, state, times."""
+    return job_detail.job_batches(session, who.team_id, job_id, limit)
 
 
 def _event(name: str, data: str, event_id: int | None = None) -> str:
