@@ -221,7 +221,8 @@ def list_models(session: Session, team_id: int) -> list[ModelOut]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _dag(key: str, text: str) -> ComputeDAG:
+def workload_dag(key: str, text: str) -> ComputeDAG:
+    """A workload's stored DAG (Workload.dag_json) rebuilt; DAGFormatError if it does not read back as `key`."""
     return dag_json.from_json(text, key)
 
 
@@ -238,7 +239,7 @@ def _task_rows(session: Session, model_id: int) -> list[tuple[ModelTask, Workloa
 def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[ModelTask, Workload]]) -> list[Task]:
     """The model's tasks rebuilt from their stored DAGs; the model is loaded again only if one does not rebuild."""
     try:
-        return [Task(w.key, _dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
+        return [Task(w.key, workload_dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
     except dag_json.DAGFormatError:
         graph = load(storage.resolve(settings, model.path).read_bytes(), model.input_shapes)
         return extract_tasks(graph)[0]

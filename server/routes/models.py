@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from server import catalog, storage
+from server import catalog, storage, workloads
 from server.auth import CurrentTeam, SessionDep, SettingsDep
-from server.schemas import ERROR_RESPONSES, ModelOut, UploadedModelOut, error_responses
+from server.schemas import ERROR_RESPONSES, CoverageMatrix, ModelOut, UploadedModelOut, error_responses
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 
@@ -84,3 +84,14 @@ def get_model(
 ) -> ModelOut:
     model = catalog.get_model(session, who.team_id, model_id)
     return catalog.model_view(session, settings, model, host)
+
+
+@router.get("/coverage")
+def coverage(
+    who: CurrentTeam,
+    session: SessionDep,
+    settings: SettingsDep,
+    target: Annotated[str, Query(max_length=255, description="llvm (each host's CPU) or a full target name")] = "llvm",
+) -> CoverageMatrix:
+    """The team's models x every host class with records or workers: which tasks have an error-free record there."""
+    return workloads.coverage_matrix(session, settings, who.team_id, target)

@@ -13,11 +13,21 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from compiler.records import RecordError, TuningRecord
-from server import storage
+from server import storage, workloads
 from server.auth import SessionDep, SettingsDep, current_team
 from server.catalog import records_db
 from server.models import Host, Record, TargetRow, Workload
-from server.schemas import ERROR_RESPONSES, ImportResult, Invalid, RecordOut, RecordPage, error_responses
+from server.schemas import (
+    ERROR_RESPONSES,
+    ImportResult,
+    Invalid,
+    RecordOut,
+    RecordPage,
+    ScheduleOut,
+    WorkloadOrder,
+    WorkloadPage,
+    error_responses,
+)
 from server.settings import Settings
 
 router = APIRouter(tags=["records"], responses=ERROR_RESPONSES, dependencies=[Depends(current_team)])
@@ -93,6 +103,25 @@ def list_records(
             for i, key, target, fp, mean, costs, error, message, timestamp, by in rows
         ],
     )
+
+
+@router.get("/records/workloads")
+def browse_workloads(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    q: Annotated[str | None, Query(max_length=200, description="a substring of the op tag or workload key")] = None,
+    order: Annotated[WorkloadOrder, Query(description="records, -records (most first), flops or -flops")] = "-records",
+) -> WorkloadPage:
+    """Workloads with their record counts and, per host class, the number of records and the fastest one."""
+    return workloads.browse_workloads(session, offset=offset, limit=limit, q=q, order=order)
+
+
+@router.get("/records/{record_id}/schedule", responses=error_responses(404))
+def record_schedule(record_id: int, session: SessionDep) -> ScheduleOut:
+    """The record's schedule: its steps replayed on the workload's DAG, lowered and printed as a loop nest (422 when
+    the steps do not replay)."""
+    return workloads.record_schedule(session, record_id)
 
 
 @router.get(
