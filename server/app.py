@@ -1,5 +1,6 @@
 """The tilefarm REST API: `create_app()` (uvicorn --factory server.app:create_app) mounts the routers under /api/v1
-and answers every error as `{"detail": <what to do about it>, "code": <slug>}`."""
+and the web dashboard under / (server/dashboard), and answers every error as `{"detail": <what to do about it>,
+"code": <slug>}`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compiler.errors import TilefarmError
 from compiler.records import VERSION
-from server import accounts
+from server import accounts, dashboard
 from server.db import engine_for, session_scope
 from server.routes import ROUTERS
 from server.settings import Settings
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     for router in ROUTERS:
         app.include_router(router, prefix=PREFIX)
+    dashboard.mount(app)  # the web dashboard under / and /static
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(TilefarmError, _tilefarm_error)
