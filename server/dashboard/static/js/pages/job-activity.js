@@ -21,6 +21,13 @@ function taskLabel(position, tasks) {
   return task?.name ? `${position} · ${task.name}` : String(position);
 }
 
+/** The record's error group as a badge, with the stored code beside it when it says more (build_timeout). */
+function outcome(record) {
+  if (!record.error) return badge("ok");
+  const group = record.group || record.error;
+  return h("span", {}, badge(group), group === record.error ? null : h("small", {class: "muted"}, ` ${record.error}`));
+}
+
 function errorBreakdown(data, tasks) {
   const failed = Object.values(data.counts).reduce((a, b) => a + b, 0);
   const total = failed + data.ok;
@@ -44,7 +51,7 @@ function errorBreakdown(data, tasks) {
   return [h("p", {}, `${count(failed)} of ${count(total)} measurements failed.`), list, latest.wrapper];
 }
 
-function batchTimeline(batches) {
+function batchTimeline({batches, total}) {
   const time = (iso) => (iso ? Date.parse(iso) / 1000 : null);
   const now = Date.now() / 1000;
   const lanes = [...new Set(batches.map((b) => b.worker || "(not taken yet)"))].sort();
@@ -56,7 +63,8 @@ function batchTimeline(batches) {
       `${b.try_number > 1 ? ` · try ${b.try_number}` : ""} · ${duration(end - start)}${errors ? ` · ${errors}` : ""}`;
     return {lane: b.worker || "(not taken yet)", queued, start, end, state: b.state, title};
   });
-  return [h("p", {}, `${count(batches.length)} batches on ${lanes.length} worker${lanes.length === 1 ? "" : "s"}.`),
+  const shown = total > batches.length ? `the latest ${count(batches.length)} of ${count(total)}` : count(batches.length);
+  return [h("p", {}, `${shown} batches on ${lanes.length} worker${lanes.length === 1 ? "" : "s"}.`),
     timeline(lanes, bars, {label: "Timeline of measurement batches per worker", xFormat: duration,
       states: BATCH_STATES})];
 }
@@ -78,7 +86,7 @@ class RecordsBrowser {
       {key: "id", label: "Record", numeric: true},
       {key: "task", label: "Task", cell: (r) => taskLabel(r.task, this.tasks)},
       {key: "mean_cost", label: "Latency", numeric: true, cell: (r) => latency(r.mean_cost)},
-      {key: "error", label: "Outcome", cell: (r) => badge(r.error || "ok")},
+      {key: "error", label: "Outcome", cell: outcome},
       {key: "error_message", label: "Message", cell: (r) => h("span", {class: "message", title: r.error_message},
         r.error_message || "—")},
       {key: "build_seconds", label: "Build", numeric: true, cell: (r) => duration(r.build_seconds)},
@@ -136,7 +144,7 @@ export function activity(view, jobId) {
     (data) => show(errors, ...errorBreakdown(data, job?.tasks || [])),
     (error) => error.name !== "AbortError" && fail(errors, "the error breakdown", error));
   const loadBatches = () => get(`jobs/${jobId}/batches`, {limit: 2000}, {signal: view.signal}).then(
-    (data) => show(batches, ...batchTimeline(data.batches)),
+    (data) => show(batches, ...batchTimeline(data)),
     (error) => error.name !== "AbortError" && fail(batches, "the batch timeline", error));
 
   function start() {

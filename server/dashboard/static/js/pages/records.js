@@ -12,12 +12,14 @@ const POLL_MS = 3000;
 const PAGE = 50;
 const SEARCH_DELAY_MS = 250;
 
-/** [[1, 3, 32, 32], [8, 3, 3, 3]] -> "1×3×32×32, 8×3×3×3" (objects: "name: 1×3×32×32"). */
+/** {"inputs": [[1, 3, 32, 32], [8, 3, 3, 3]], "outputs": [[1, 8, 30, 30]]} -> "1×3×32×32, 8×3×3×3 → 1×8×30×30". */
 export function shapesText(shapes) {
-  const one = (s) => (Array.isArray(s) ? s.join("×") : String(s));
-  if (Array.isArray(shapes)) return shapes.map(one).join(", ");
-  if (shapes && typeof shapes === "object") return Object.entries(shapes).map(([k, v]) => `${k}: ${one(v)}`).join(", ");
-  return shapes === null || shapes === undefined ? "—" : String(shapes);
+  const list = (xs) => (Array.isArray(xs) ? xs.map((s) => (Array.isArray(s) ? s.join("×") : String(s))).join(", ") : "");
+  if (shapes && typeof shapes === "object" && !Array.isArray(shapes)) {
+    const inputs = list(shapes.inputs), outputs = list(shapes.outputs);
+    return outputs ? `${inputs} → ${outputs}` : inputs || JSON.stringify(shapes);
+  }
+  return shapes === null || shapes === undefined ? "—" : list(shapes) || String(shapes);
 }
 
 /** The host whose best record is fastest. */

@@ -1,0 +1,461 @@
+"""The web dashboard (server/dashboard): how the API serves it, and the pages in headless Chromium (tests/browser.py)
+against the embedded service with its workers (tilefarm/serve.py's EmbeddedService on SQLite and the file-system
+broker): log in, upload tiny_cnn, tune it and watch the plot and task table move, cancel and resume, compile and
+download, records and workers, a second team that sees nothing of the first, and the load time of a job of 20,000
+records (tests/seed.py). Each page is saved as a screenshot under build/screenshots/ (TILEFARM_SCREENSHOTS)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.dashboard import STATIC
+from tests.browser import REPO, Dashboard, chromium, require_browser
+from tilefarm.remote import Client
+from tilefarm.serve import EmbeddedService
+
+TIMEOUT_MS = 30_000
+TUNE_TIMEOUT_MS = 150_000  # a few rounds of tiny_cnn on a loaded 2-core machine
+PAGE_LOAD_BOUND_S = 10.0  # generous: the number printed is the one reported
+
+
+# ---------------------------------------------------------------------------------------------- served by the API
+
+
+@pytest.fixture
+def api(tmp_path, monkeypatch):
+    for name in [k for k in os.environ if k.startswith("TILEFARM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TILEFARM_DATABASE_URL", f"sqlite:///{tmp_path / 'tilefarm.db'}")
+    monkeypatch.setenv("TILEFARM_STORAGE_DIR", str(tmp_path / "storage"))
+    from server.app import create_app
+
+    with TestClient(create_app()) as client:
+        yield client
+
+
+def test_the_page_and_its_modules_are_served_beside_the_api(api):
+    page = api.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert '<script type="module" src="static/js/app.js">' in page.text
+    module = api.get("/static/js/app.js")
+    assert module.status_code == 200 and "javascript" in module.headers["content-type"]
+    assert module.headers["cache-control"] == "no-cache"
+    assert api.get("/static/style.css").headers["content-type"].startswith("text/css")
+    missing = api.get("/static/js/nothing-here.js")
+    assert missing.status_code == 404 and set(missing.json()) == {"detail", "code"}
+    assert api.get("/api/v1/health").json()["status"] == "ok"  # the API and its docs keep their routes
+    assert api.get("/docs").status_code == 200 and "/" not in api.get("/openapi.json").json()["paths"]
+    assert api.get("/api/v1/me").status_code == 401
+
+
+def test_every_asset_ships_in_the_package_and_every_import_resolves():
+    """pyproject's package-data must cover each file under static/ (a wheel would lack the others), and each ES
+    module's relative imports must name a file that exists (a typo would only show as a blank page)."""
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {p for pattern in patterns["server.dashboard"] for p in STATIC.parent.glob(pattern)}
+    files = {p for p in STATIC.rglob("*") if p.is_file()}
+    assert files and files <= shipped, sorted(str(p) for p in files - shipped)
+    modules = sorted(STATIC.rglob("*.js"))
+    assert len(modules) >= 10
+    for module in modules:
+        for target in re.findall(r'^import .*? from "(\.[^"]+)";$', module.read_text(), re.M):
+            assert (module.parent / target).resolve().is_file(), f"{module.name} imports {target}"
+
+
+def test_no_server_string_can_become_markup():
+    """Pages build elements and set text (server/dashboard/static/js/dom.js); nothing parses strings as HTML."""
+    for module in STATIC.rglob("*.js"):
+        text = module.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in text, f"{module.name} uses {sink}"
+
+
+# ---------------------------------------------------------------------------------------------- in a browser
+
+
+def _environ(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEFARM_")}
+    env.update(XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"))
+    return env
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    require_browser()  # before starting anything
+    root = tmp_path_factory.mktemp("dashboard")
+    with EmbeddedService(_environ(root), workers=1, log_dir=root / "logs", prefix="dash-") as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def settings(service):
+    from server.settings import Settings
+
+    return Settings.from_env(service.environ)
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn(tmp_path_factory) -> Path:
+    from compiler import examples
+
+    path = tmp_path_factory.mktemp("model") / "tiny_cnn.onnx"
+    examples.save("tiny_cnn", path)
+    return path
+
+
+@pytest.fixture
+def dash(service):
+    with chromium() as context:
+        page = context.pages[0] if context.pages else context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        d = Dashboard(page, service.url)
+        yield d
+        assert not d.errors, d.errors
+
+
+def _new_token(settings, team: str, name: str) -> str:
+    from server import accounts
+    from server.db import session_scope
+
+    with session_scope(settings) as session:
+        _, token = accounts.create_token(session, accounts.ensure_team(session, team), name)
+    return token
+
+
+def _team_id(settings, team: str) -> int:
+    from server import accounts
+    from server.db import session_scope
+
+    with session_scope(settings) as session:
+        return accounts.ensure_team(session, team).id
+
+
+def _section(page, name: str):
+    return page.get_by_role("region", name=name, exact=True)
+
+
+def _loaded(locator) -> None:
+    """Wait until a section's data has come (its slot is no longer aria-busy) and it shows no error."""
+    locator.locator('[aria-busy="false"]').first.wait_for()
+    assert locator.get_by_role("alert").count() == 0, locator.inner_text()
+
+
+def test_a_wrong_or_revoked_token_goes_back_to_the_login_page_with_the_servers_reason(dash, service, settings):
+    page = dash.page
+    dash.open("/jobs")  # no token yet: the login page
+    page.get_by_label("API token").wait_for()
+    dash.login("not-a-token")
+    alert = page.get_by_role("alert")
+    assert alert.inner_text() == "That token was not accepted: unknown or revoked API token"
+    assert page.evaluate("localStorage.getItem('tilefarm.token')") is None
+    dash.shot("login")
+
+    token = _new_token(settings, "default", "revoked-in-the-browser")
+    dash.login(token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+    assert "team default · token revoked-in-the-browser" in page.locator("#who").inner_text()
+    with Client(service.url, token) as c:
+        c.revoke_token(c.me()["token"]["id"])
+    # the jobs page polls: its next call is refused, and the page goes back to the login form on its own
+    page.get_by_label("API token").wait_for()
+    assert page.get_by_role("alert").inner_text() == "That token was not accepted: unknown or revoked API token"
+    assert page.evaluate("location.hash") == "#/login"
+    assert page.evaluate("localStorage.getItem('tilefarm.token')") is None
+
+    dash.login(service.token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+    page.get_by_role("button", name="Log out").click()
+    page.get_by_label("API token").wait_for()
+    assert page.evaluate("localStorage.getItem('tilefarm.token')") is None
+
+
+def _upload(dash, tiny_cnn: Path) -> int:
+    page = dash.page
+    dash.route("/models")
+    form = page.get_by_role("form", name="Upload a model")
+    form.get_by_label("ONNX model file").set_input_files(str(tiny_cnn))
+    form.get_by_role("button", name="Upload").click()
+    status = form.get_by_role("status")
+    status.filter(has_text="model").wait_for()
+    match = re.search(r"(?:Uploaded|Already uploaded as) model (\d+) \((\d+) tasks\)", status.inner_text())
+    assert match, status.inner_text()
+    return int(match.group(1))
+
+
+def _task_trials(page) -> int:
+    table = page.get_by_role("table", name=re.compile("Per-task table"))
+    cells = table.locator("tbody tr td:nth-child(8)").all_inner_texts()
+    return sum(int(c) for c in cells if c.strip().isdigit())
+
+
+def _points(page) -> int:
+    return int(page.get_by_role("img", name=re.compile("^Convergence of job")).get_attribute("data-points") or 0)
+
+
+def test_upload_tune_and_watch_the_job_live(dash, service, tiny_cnn):
+    page = dash.page
+    dash.login(service.token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+    model_id = _upload(dash, tiny_cnn)
+    page.get_by_role("table", name=re.compile("models")).get_by_role("link", name="tiny_cnn").first.wait_for()
+
+    dash.route(f"/models/{model_id}")
+    tasks = page.get_by_role("table", name=re.compile("^Tasks"))
+    tasks.locator("tbody tr").first.wait_for()
+    n_tasks = tasks.locator("tbody tr").count()
+    assert n_tasks >= 2
+    form = page.get_by_role("form", name="Start a tuning job")
+    form.get_by_label("Trials").fill("64")
+    form.get_by_label("Per round").fill("8")
+    form.get_by_role("button", name="Start tuning").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    page.evaluate("window.__samePage = true")  # gone if anything reloads the page
+
+    # live: while the job runs, the plot gains points and the task table's trials grow, with no reload
+    page.wait_for_function("() => document.querySelector('.job-head .badge')?.textContent === 'running'",
+                           timeout=TUNE_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => Number(document.querySelector('svg[data-points]')?.dataset.points) >= 1", timeout=TUNE_TIMEOUT_MS
+    )
+    first_points, first_trials = _points(page), _task_trials(page)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('svg[data-points]')?.dataset.points) > {first_points}",
+        timeout=TUNE_TIMEOUT_MS,
+    )
+    assert _task_trials(page) > first_trials
+    dash.shot("job-running")
+    page.wait_for_function("() => document.querySelector('.job-head .badge')?.textContent === 'succeeded'",
+                           timeout=TUNE_TIMEOUT_MS)
+    assert page.evaluate("window.__samePage") is True
+    with Client(service.url, service.token) as c:
+        job = c.job(job_id)
+        points = c.progress(job_id)["points"]
+    assert job["state"] == "succeeded" and job["trials_done"] == 64
+    page.wait_for_function(f"() => Number(document.querySelector('svg[data-points]').dataset.points) === "
+                           f"{sum(p['estimated_latency_s'] is not None for p in points)}")
+    assert _task_trials(page) == sum(t["trials"] for t in job["tasks"])
+    facts = page.locator("dl.facts").first.inner_text()
+    assert "64 / 64" in facts and "tiny_cnn" in facts
+
+    # the per-task table sorts by a header, and a click on a row shows that task's own convergence
+    table = page.get_by_role("table", name=re.compile("Per-task table"))
+    table.get_by_role("button", name="Trials").click()
+    table.get_by_role("button", name="Trials").click()  # twice: most trials first
+    assert table.locator("th[aria-sort='descending']").inner_text().startswith("Trials")
+    trials = [int(t) for t in table.locator("tbody tr td:nth-child(8)").all_inner_texts()]
+    assert trials == sorted(trials, reverse=True) and len(trials) == n_tasks
+    table.locator("tbody tr").first.click()
+    busiest = max(job["tasks"], key=lambda t: t["trials"])
+    task_plot = page.get_by_role("img", name=re.compile(r"^Convergence of task \d+$"))
+    assert int(task_plot.get_attribute("data-points")) >= 1
+    page.get_by_role("button", name="vs wall time").click()
+    assert page.get_by_role("img", name=re.compile("estimated latency vs wall time")).count() == 1
+    assert busiest["trials"] == trials[0]
+
+    # the measurement activity: errors, the batch timeline, the records (paged)
+    _loaded(_section(page, "Errors"))
+    assert "measurements failed" in _section(page, "Errors").inner_text()
+    _loaded(_section(page, "Measurement batches"))
+    assert int(page.locator("svg.timeline").get_attribute("data-bars")) >= 64 // 8
+    records = _section(page, "Records")
+    _loaded(records)
+    assert records.get_by_role("table").locator("tbody tr").count() >= 8
+    assert re.search(r"of (\d+)", records.get_by_role("navigation").inner_text())
+    dash.shot("job-detail")
+
+
+def _job_state(page, job_id: int) -> str:
+    row = page.get_by_role("table", name=re.compile("Tuning jobs")).locator(f'tr[data-key="{job_id}"]')
+    return row.locator(".badge").inner_text()
+
+
+def test_cancel_and_resume_from_the_jobs_page(dash, service, tiny_cnn):
+    page = dash.page
+    with Client(service.url, service.token) as c:
+        model = c.upload(tiny_cnn)
+        job = c.create_job(model["id"], trials=100_000, per_round=4)
+    dash.login(service.token)
+    table = page.get_by_role("table", name=re.compile("Tuning jobs"))
+    table.locator(f'tr[data-key="{job["id"]}"]').wait_for()
+    page.wait_for_function(
+        f"() => document.querySelector('tr[data-key=\"{job['id']}\"] .badge')?.textContent === 'running'",
+        timeout=TUNE_TIMEOUT_MS,
+    )
+    page.get_by_role("button", name=f"Cancel job {job['id']}").click()
+    page.get_by_role("status").filter(has_text=f"Job {job['id']}").wait_for()
+    page.wait_for_function(
+        f"() => document.querySelector('tr[data-key=\"{job['id']}\"] .badge')?.textContent === 'cancelled'",
+        timeout=TUNE_TIMEOUT_MS,
+    )
+    assert page.get_by_role("button", name=f"Cancel job {job['id']}").count() == 0
+    page.get_by_role("button", name=f"Resume job {job['id']}").click()
+    page.get_by_role("status").filter(has_text="queued again").wait_for()
+    with Client(service.url, service.token) as c:
+        assert c.job(job["id"])["attempt"] == 2
+        c.cancel(job["id"])  # stop it again: the machine is shared
+        c.wait_job(job["id"])
+    page.wait_for_function(
+        f"() => document.querySelector('tr[data-key=\"{job['id']}\"] .badge')?.textContent === 'cancelled'"
+    )
+    dash.shot("jobs")
+
+
+def test_compile_and_download_an_artifact(dash, service, tiny_cnn, tmp_path):
+    page = dash.page
+    with Client(service.url, service.token) as c:
+        model = c.upload(tiny_cnn)
+    dash.login(service.token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+    dash.route(f"/models/{model['id']}")
+    page.get_by_role("button", name="Compile this model").click()
+    report = page.get_by_role("status").filter(has_text="Artifact")
+    artifact_id = int(re.search(r"Artifact (\d+)", report.inner_text()).group(1))
+    download_button = page.get_by_role("button", name=f"Download artifact {artifact_id}")
+    download_button.wait_for(timeout=TUNE_TIMEOUT_MS)
+    dash.shot("model")
+
+    dash.route("/artifacts")
+    row = page.get_by_role("table", name=re.compile("Compiled artifacts")).locator(f'tr[data-key="{artifact_id}"]')
+    row.wait_for()
+    assert row.locator(".badge").inner_text() == "ready"
+    summary = row.locator("summary")
+    if summary.count():
+        summary.click()
+        assert row.locator("details li").count() >= 1
+    with page.expect_download() as info:
+        page.get_by_role("button", name=f"Download artifact {artifact_id}").click()
+    download = info.value
+    saved = tmp_path / download.suggested_filename
+    download.save_as(saved)
+    with Client(service.url, service.token) as c:
+        artifact = c.artifact(artifact_id)
+    assert download.suggested_filename == f"tiny_cnn-{artifact_id}.tar"
+    assert hashlib.sha256(saved.read_bytes()).hexdigest() == artifact["sha256"]
+    page.get_by_role("status").filter(has_text="sha256 checked").wait_for()
+    assert row.locator("code.hash").inner_text() == artifact["sha256"]
+    dash.shot("artifacts")
+
+
+def test_records_workers_and_coverage_pages(dash, service, tmp_path):
+    page = dash.page
+    dash.login(service.token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+
+    dash.route("/records")
+    workloads = page.get_by_role("table", name=re.compile("Workloads"))
+    workloads.locator("tbody tr[data-key]").first.wait_for()
+    total = int(re.search(r"of ([\d,]+)", page.get_by_role("navigation", name="Workload pages").inner_text())
+                .group(1).replace(",", ""))
+    assert total >= 2
+    op = workloads.locator("tbody tr[data-key] td").first.inner_text()
+    page.get_by_label("Search workloads").fill(op)
+    page.wait_for_function(
+        "op => [...document.querySelectorAll('table tbody tr[data-key] td:first-child')].every(td => "
+        "td.textContent.includes(op))", arg=op
+    )
+    workloads.locator("tbody tr[data-key]").first.click()
+    nest = page.get_by_label("Loop nest")
+    nest.wait_for()
+    assert "for " in nest.inner_text()
+    dash.shot("records")
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Export records").click()
+    exported = tmp_path / "records.jsonl"
+    info.value.save_as(exported)
+    lines = exported.read_text().splitlines()
+    assert len(lines) >= 64 and all("workload_key" in json.loads(line) for line in lines)
+
+    dash.route("/workers")
+    workers = page.get_by_role("table", name=re.compile("Workers"))
+    workers.locator('tr[data-key^="dash-measure0@"]').wait_for()
+    for name in ("dash-measure0@", "dash-search@"):
+        row = workers.locator(f'tr[data-key^="{name}"]')
+        assert row.locator(".badge").inner_text() == "alive"
+        assert re.search(r"\d+ s ago", row.inner_text())
+    dash.shot("workers")
+
+    dash.route("/models")
+    coverage = _section(page, "Coverage")
+    _loaded(coverage)
+    cells = coverage.locator("svg.heatmap g.cell text").all_inner_texts()
+    assert cells and all(re.fullmatch(r"\d+ / \d+", c) for c in cells)
+    assert any(not c.startswith("0 ") for c in cells)  # the tuned job's records cover some of tiny_cnn's tasks
+    dash.shot("models")
+
+
+def test_a_second_team_sees_none_of_the_first_teams_models_jobs_or_artifacts(dash, service, settings, tiny_cnn):
+    page = dash.page
+    with Client(service.url, service.token) as c:
+        theirs = {"jobs": c.jobs(), "models": c.models(), "artifacts": c.artifacts()}
+    assert theirs["jobs"] and theirs["models"]
+    token_b = _new_token(settings, "team-b", "browser")
+    evil = '<img src=x onerror="window.__xss=1">'
+    with Client(service.url, token_b) as c:
+        c.upload(tiny_cnn, name=evil)
+    dash.login(token_b)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+    assert "team team-b" in page.locator("#who").inner_text()
+    page.get_by_role("table", name=re.compile("Tuning jobs")).get_by_text("No jobs yet").wait_for()
+
+    dash.route("/models")
+    models = page.get_by_role("table", name=re.compile("models"))
+    models.get_by_role("link", name=evil).wait_for()  # the name as text, never as markup
+    assert models.locator("tbody tr").count() == 1 and page.locator("main img").count() == 0
+    assert page.evaluate("window.__xss") is None
+    dash.shot("team-b-models")
+
+    dash.route("/artifacts")
+    page.get_by_role("table", name=re.compile("Compiled artifacts")).get_by_text("No artifacts yet").wait_for()
+
+    job_a, model_a = theirs["jobs"][0], theirs["models"][0]
+    dash.route(f"/jobs/{job_a['id']}")
+    page.get_by_role("alert").filter(has_text=f"no job {job_a['id']}").first.wait_for()
+    assert job_a["model_name"] not in page.locator("main").inner_text()
+    dash.route(f"/models/{model_a['id']}")
+    page.get_by_role("alert").filter(has_text=f"no model {model_a['id']}").first.wait_for()
+    assert page.locator("main").get_by_text("tiny_cnn", exact=True).count() == 0
+
+
+def test_a_job_of_20000_records_loads_in_seconds(dash, service, settings):
+    from tests.seed import seed_big_job
+
+    job_id = seed_big_job(settings, _team_id(settings, "default"), records=20_000, tasks=19)
+    page = dash.page
+    dash.login(service.token)
+    page.get_by_role("heading", name="Jobs", exact=True).wait_for()
+
+    started = time.perf_counter()
+    page.goto(f"{service.url}/#/jobs/{job_id}")
+    records = _section(page, "Records")
+    records.get_by_role("table").locator("tbody tr:nth-child(50)").wait_for()
+    page.wait_for_function("() => Number(document.querySelector('svg[data-points]')?.dataset.points) > 0")
+    page.get_by_role("table", name=re.compile("Per-task table")).locator("tbody tr:nth-child(19)").wait_for()
+    _loaded(_section(page, "Errors"))
+    _loaded(_section(page, "Measurement batches"))
+    load_s = time.perf_counter() - started
+    print(f"\njob detail of a 20,000-record job: loaded in {load_s:.2f} s (navigation to table and plot drawn)")
+    assert records.get_by_role("navigation").inner_text().endswith("of 20,000")
+    assert records.get_by_role("table").locator("tbody tr").count() == 50  # one page, never all of them
+    dash.shot("job-20000")
+    assert load_s < PAGE_LOAD_BOUND_S
+
+    # paging and filtering are server queries too
+    started = time.perf_counter()
+    records.get_by_role("button", name="Next").click()
+    records.get_by_role("navigation").filter(has_text="51–100 of 20,000").wait_for()
+    records.get_by_label("Outcome").select_option("timeout")
+    records.get_by_role("navigation").filter(has_text=re.compile(r"^Previous1–50 of [\d,]+Next$")).wait_for()
+    print(f"next page, then a filter: {time.perf_counter() - started:.2f} s")
+    outcomes = records.get_by_role("table").locator("tbody tr td:nth-child(4) .badge").all_inner_texts()
+    assert outcomes and set(outcomes) == {"timeout"}
