@@ -67,7 +67,7 @@ def coverage_matrix(session: Session, settings: Settings, team_id: int, target: 
     hosts = _host_classes(session, settings)
     for h in hosts:  # None: the host's CPU is not known, so any llvm target of its records counts
         h["target"] = (f"llvm -mcpu={h['mcpu']}" if h["mcpu"] else None) if alias else wanted
-    targets = dict(session.execute(select(TargetRow.id, TargetRow.name)).tuples().all())
+    targets = dict(session.execute(select(TargetRow.id, TargetRow.name)).all())
     # one grouped query: which (host, target, model, task) pairs have an error-free record
     tuned_rows = session.execute(
         select(Record.host_id, Record.target_id, ModelTask.model_id, ModelTask.position)

@@ -118,7 +118,7 @@ def seed_big_job(
         s.add(model)
         s.flush()
         keys = [t.key for t in model_tasks]
-        workload_ids = dict(s.execute(select(Workload.key, Workload.id).where(Workload.key.in_(keys))).tuples().all())
+        workload_ids = dict(s.execute(select(Workload.key, Workload.id).where(Workload.key.in_(keys))).all())
         s.add_all(
             ModelTask(model_id=model.id, position=i, workload_id=workload_ids[t.key], name=t.name, weight=t.weight)
             for i, t in enumerate(model_tasks)
