@@ -272,7 +272,7 @@ def test_vectorized_contiguous_and_broadcast(n):
                                                          Store("B", idx, ld(A, idx) * ld(S, i) + ld(A, idx)))))
     a, s, b = data("float32", (rows, n)), data("float32", rows), np.zeros((rows, n), np.float32)
     f(a, s, b)
-    np.testing.assert_allclose(b, a * s[:, None] + a, rtol=1e-6)
+    np.testing.assert_allclose(b, a * s[:, None] + a, rtol=1e-5)  # fp contraction: one rounding less than numpy
 
 
 def test_vectorized_gather_transpose_and_strided_store():
@@ -551,3 +551,21 @@ def test_host_target_and_fingerprint():
     assert t.kind == "cpu" and t.cores >= 1 and t.mcpu
     assert t.fingerprint() == Target.host().fingerprint() and len(t.fingerprint()) == 16
     assert t.fingerprint() != Target(**{**t.__dict__, "cores": t.cores + 1}).fingerprint()
+
+
+def test_serial_loops_stay_rolled_and_unrolled_ones_do_not():
+    # unrolling is the schedule's decision: LLVM's own full unroll of a short serial reduction loop let GVN share
+    # loads across its iterations until a conv's register block spilled. A serial loop keeps its loop and says so.
+    A, B = Buffer("A", "float32", (3, 16)), Buffer("B", "float32", (16,))
+    acc = Store("B", j, ld(B, j) + Load("A", (i * c(16) + j,), "float32"))
+    rolled = Func("rolled", (A, B), For(i, 3, "serial", For(j, 16, "vectorized", acc)))
+    unrolled = Func("unrolled", (A, B), For(i, 3, "unrolled", For(j, 16, "vectorized", acc)))
+    assert "llvm.loop.unroll.disable" in codegen.llvm_ir([rolled], optimized=False)
+    assert "llvm.loop" not in codegen.llvm_ir([unrolled], optimized=False)
+    assert codegen.llvm_ir([rolled]).count("fadd") == 1  # one loop body, still a loop after -O3
+    assert codegen.llvm_ir([unrolled]).count("fadd") == 3
+    a = data("float32", (3, 16))
+    for f in (rolled, unrolled):
+        b = np.zeros(16, np.float32)
+        codegen.compile_funcs([f])[f.name](a, b)
+        np.testing.assert_allclose(b, a.sum(axis=0), rtol=1e-6)

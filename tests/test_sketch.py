@@ -431,3 +431,19 @@ def test_sample_tile_draws_from_the_factorizations():
     seen = {sample_tile(64, 2, rng) for _ in range(400)}
     assert seen == {t[1:] for t in factorizations(64, 3)}  # uniform over 28 options: all seen in 400 draws
     assert sample_tile(97, 1, rng) == (1,)  # a prime above the innermost limit can only go outermost
+
+
+def test_the_register_block_is_ordered_by_decreasing_extent_with_the_vector_axis_innermost():
+    # a blocked conv's block of 2 channel groups x 14 columns x 16 channels: columns outside channel groups keeps
+    # 2 weight vectors live across the block instead of 14 broadcast inputs (which spill next to 28 accumulators)
+    data = te.placeholder((1, 32, 14, 14), name="data")
+    weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
+    dag = ComputeDAG([data, weight, ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")])
+    sk = next(s for s in generate_sketches(dag, TARGET, pack=False) if "conv.local" in s.tiled)
+    d = sample(sk, np.random.default_rng(0), CORES)
+    assert sk.tile_extents == (2, 14, 14, 16, 32, 3, 3)  # fo, y, x, fi; rc, ry, rx
+    tiles = ((1, 1, 2), (14, 1, 1), (1, 1, 14), (1, 1, 16), (32,), (3,), (3,))  # innermost: fo 2, y 1, x 14, fi 16
+    state = materialize(sk, Decisions(tiles, d.locations))
+    block = [it.name for it in state.stage("conv.local").iters][-4:]
+    assert block == ["x.3", "fo.3", "y.3", "fi.3"]  # 14, 2, 1; fi (contiguous, vectorized) stays innermost
+    assert print_state(materialize(sk, Decisions(tiles, d.locations))) == print_state(state)  # replays the same

@@ -104,6 +104,15 @@ class _ModuleEmitter:
         nthreads.initializer = ir.Constant(I32, 0)
         self.num_threads = nthreads
         self.outlined = 0
+        self._no_unroll: ir.MDValue | None = None
+
+    def rolled_loop(self) -> ir.MDValue:
+        """A fresh loop-ID node (self-referential, so LLVM keeps it distinct) asking for no unrolling."""
+        if self._no_unroll is None:
+            self._no_unroll = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.unroll.disable")])
+        node = self.module.add_metadata([ir.MetaDataString(self.module, f"tilefarm.loop.{len(self.module.metadata)}")])
+        node.operands = (node, self._no_unroll)
+        return node
 
     def function(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         """The declaration of `name`, created on first use."""
@@ -225,14 +234,18 @@ class _FnEmitter:
             self.parallel_loop(s)
         else:
             self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, s.extent), lambda i: self.body_at(s, i),
-                              maybe_empty=False)
+                              maybe_empty=False, keep_rolled=True)
 
     def body_at(self, s: For, i: ir.Value) -> None:
         with self.bind(self.env, s.var.name, i):
             self.stmt(s.body)
 
-    def counted_loop(self, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Value], None], maybe_empty: bool):
-        """for i in [lo, hi): body(i), in the rotated form LLVM's loop passes expect."""
+    def counted_loop(
+        self, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Value], None], maybe_empty: bool, keep_rolled: bool = False
+    ):
+        """for i in [lo, hi): body(i), in the rotated form LLVM's loop passes expect. `keep_rolled`: LLVM must not
+        unroll it (a serial loop of the schedule: unrolling is the search's decision, and LLVM's full unroll of a
+        short reduction loop lets GVN share loads across iterations until the register block spills)."""
         b = self.b
         pre, head, done = b.block, self.fn.append_basic_block("loop"), self.fn.append_basic_block("loop.end")
         if maybe_empty:
@@ -245,7 +258,9 @@ class _FnEmitter:
         body(i)
         nxt = b.add(i, ir.Constant(I64, 1), flags=("nuw", "nsw"))
         i.add_incoming(nxt, b.block)
-        b.cbranch(b.icmp_signed("<", nxt, hi), head, done)
+        latch = b.cbranch(b.icmp_signed("<", nxt, hi), head, done)
+        if keep_rolled:
+            latch.set_metadata("llvm.loop", self.mod.rolled_loop())
         b.position_at_end(done)
 
     def vector_loop(self, s: For) -> None:
