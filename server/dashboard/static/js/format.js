@@ -33,13 +33,15 @@ export function gflops(x) {
   return x === null || x === undefined || !Number.isFinite(x) ? DASH : x.toFixed(1);
 }
 
-/** 83.2 -> "1 min 23 s". */
+/** 83.2 -> "1 min 23 s"; 0.25 -> "0.3 s"; 120 -> "2 min". */
 export function duration(seconds) {
   if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return DASH;
-  if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  if (seconds < 10) return `${Number(seconds.toFixed(1))} s`;
+  if (seconds < 60) return `${Math.round(seconds)} s`;
   const s = Math.round(seconds);
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), rest = s % 60;
-  return h ? `${h} h ${m} min` : `${m} min ${rest} s`;
+  if (h) return m ? `${h} h ${m} min` : `${h} h`;
+  return rest ? `${m} min ${rest} s` : `${m} min`;
 }
 
 /** An ISO time as "12 s ago" / "3 min ago" relative to now. */

@@ -54,6 +54,7 @@ function errorBreakdown(data, tasks) {
 function batchTimeline({batches, total}) {
   const time = (iso) => (iso ? Date.parse(iso) / 1000 : null);
   const now = Date.now() / 1000;
+  const workers = new Set(batches.filter((b) => b.worker).map((b) => b.worker));
   const lanes = [...new Set(batches.map((b) => b.worker || "(not taken yet)"))].sort();
   const bars = batches.map((b) => {
     const queued = time(b.sent_at), start = time(b.started_at) ?? queued;
@@ -64,7 +65,7 @@ function batchTimeline({batches, total}) {
     return {lane: b.worker || "(not taken yet)", queued, start, end, state: b.state, title};
   });
   const shown = total > batches.length ? `the latest ${count(batches.length)} of ${count(total)}` : count(batches.length);
-  return [h("p", {}, `${shown} batches on ${lanes.length} worker${lanes.length === 1 ? "" : "s"}.`),
+  return [h("p", {}, `${shown} batches on ${workers.size} worker${workers.size === 1 ? "" : "s"}.`),
     timeline(lanes, bars, {label: "Timeline of measurement batches per worker", xFormat: duration,
       states: BATCH_STATES})];
 }
