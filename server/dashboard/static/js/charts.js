@@ -128,6 +128,12 @@ export function lineChart(series, {label, xLabel, yLabel, xFormat = String, yFor
   return root;
 }
 
+const LABEL_CHARS = 28; // a longer row label is cut (whole in its <title>) so it stays inside the chart
+
+function clip(text, chars) {
+  return text.length > chars ? `${text.slice(0, chars - 1)}…` : text;
+}
+
 /** White to green by `fraction` in [0, 1] (no data: grey). */
 function heatColour(fraction) {
   if (fraction === null || fraction === undefined) return "#e5e7eb";
@@ -136,9 +142,9 @@ function heatColour(fraction) {
 }
 
 /**
- * rows: [{label, href}], columns: [{label, sublabel}], cell(rowIndex, columnIndex) -> {fraction, text, title}.
+ * rows: [{label, href, title}], columns: [{label, sublabel}], cell(rowIndex, columnIndex) -> {fraction, text, title}.
  */
-export function heatmap(rows, columns, cell, {label, cellWidth = 120, cellHeight = 34, labelWidth = 190} = {}) {
+export function heatmap(rows, columns, cell, {label, cellWidth = 160, cellHeight = 34, labelWidth = 200} = {}) {
   const top = 48;
   const width = labelWidth + columns.length * cellWidth + 10, height = top + rows.length * cellHeight + 8;
   const root = frame(width, height, label);
@@ -151,7 +157,8 @@ export function heatmap(rows, columns, cell, {label, cellWidth = 120, cellHeight
   });
   rows.forEach((r, i) => {
     const cy = top + i * cellHeight;
-    const text = svg("text", {x: labelWidth - 8, y: cy + cellHeight / 2, class: "row"}, r.label);
+    const text = svg("text", {x: labelWidth - 8, y: cy + cellHeight / 2, class: "row"}, clip(r.label, LABEL_CHARS),
+      svg("title", {}, r.title || r.label));
     root.append(r.href ? svg("a", {href: r.href}, text) : text);
     columns.forEach((_, j) => {
       const {fraction, text: value, title} = cell(i, j);
@@ -188,7 +195,8 @@ export function timeline(lanes, bars, {label, xFormat = String, states = [], wid
   }
   root.append(grid);
   lanes.forEach((name, i) => {
-    root.append(svg("text", {x: labelWidth - 8, y: top + i * laneHeight + laneHeight / 2, class: "row"}, name));
+    root.append(svg("text", {x: labelWidth - 8, y: top + i * laneHeight + laneHeight / 2, class: "row"},
+      clip(name, LABEL_CHARS), svg("title", {}, name)));
   });
   const laneIndex = new Map(lanes.map((name, i) => [name, i]));
   const group = svg("g", {class: "bars"});

@@ -24,9 +24,10 @@ function facts(model) {
     ["Uploaded", when(model.created_at)],
   ];
   if (c) {
+    const measured = c.tasks.filter((t) => t.records > 0).length;
     rows.push(["Coverage", h("span", {title: c.host},
-      `${c.tuned_tasks} of ${model.tasks.length} tasks tuned on ${shortHost(c.host)} (${c.target}); ` +
-      `${count(c.trials_needed)} more trials suggested`)]);
+      `on ${shortHost(c.host)} (${c.target}): ${measured} of ${model.tasks.length} tasks have records, ` +
+      `${c.tuned_tasks} their full per-task budget; ${count(c.trials_needed)} more trials would complete it`)]);
   }
   return h("dl", {class: "facts"}, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }

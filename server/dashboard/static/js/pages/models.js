@@ -52,9 +52,9 @@ function uploadForm(onUploaded) {
 function coverageMap(coverage) {
   if (!coverage.models.length) return message("No models yet.");
   if (!coverage.hosts.length) return message("No host class has records or workers yet: start a worker.");
-  const rows = coverage.models.map((m) => ({label: m.name, href: `#/models/${m.id}`}));
+  const rows = coverage.models.map((m) => ({label: m.name, href: `#/models/${m.id}`, title: `model ${m.id}: ${m.name}`}));
   const columns = coverage.hosts.map((host) => ({label: shortHost(host.fingerprint),
-    sublabel: `${(host.cpu_model || host.kind || "").slice(0, 18)}${host.alive_workers ? ` · ${host.alive_workers} up` : ""}`}));
+    sublabel: `${(host.cpu_model || host.kind || "").slice(0, 24)}${host.alive_workers ? ` · ${host.alive_workers} up` : ""}`}));
   return heatmap(rows, columns, (i, j) => {
     const m = coverage.models[i], host = coverage.hosts[j];
     const tuned = m.tuned[j];
@@ -90,7 +90,8 @@ export function render(root, view) {
       "(target llvm). Hover a cell for the untuned tasks."), coverage),
   );
   modelsPoll = live(view, POLL_MS, (signal) => get("models", undefined, {signal}), (models) => {
-    replace(status, models.length ? h("p", {class: "muted"}, `${count(models.length)} models`) : null);
+    replace(status, models.length ? h("p", {class: "muted"}, `${count(models.length)} model${models.length === 1 ? "" : "s"}`)
+      : null);
     table.update(models);
   }, (error) => replace(status, message(`Could not load the models: ${errorText(error)}`, "error")));
   coveragePoll = live(view, POLL_MS, (signal) => get("coverage", {target: "llvm"}, {signal}),
