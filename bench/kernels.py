@@ -23,6 +23,7 @@ from compiler import ops, te
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.lower import lower
+from compiler.measure_worker import aligned
 from compiler.passes import CONV_BLOCK, pack_conv_weight
 from compiler.state import State, initial_state
 
@@ -39,10 +40,11 @@ class Workload:
     to_kernel: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
 
     def arrays(self, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Random inputs in the ONNX layout (for onnxruntime and numpy) and the same values as the kernel takes them."""
+        """Random inputs in the ONNX layout (for onnxruntime and numpy) and the same values as the kernel takes them,
+        64-byte aligned as an artifact's weights and workspace are (and as the tuner measured them)."""
         rng = np.random.default_rng(seed)
         ref = [rng.standard_normal(s).astype(np.float32) for s in self.onnx_shapes or [t.shape for t in self.inputs]]
-        return ref, self.to_kernel(ref) if self.to_kernel else ref
+        return ref, [aligned(a) for a in (self.to_kernel(ref) if self.to_kernel else ref)]
 
 
 def gemm(n: int) -> Workload:
@@ -151,7 +153,7 @@ def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict])
 
     dag = ComputeDAG([*w.inputs, w.output])
     _, arrays = w.arrays()
-    out = np.zeros(w.output.shape, np.float32)
+    out = aligned(np.zeros(w.output.shape, np.float32))
     kernels = {}
     for label, state in (("naive", initial_state(dag)), ("hand", w.hand(dag))):
         func = lower(state, f"{w.name}_{label}")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import TUNING_WORKLOADS, interleaved, onnx_session
+from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 
 
@@ -40,7 +41,7 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
     kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
     ref_arrays, arrays = w.arrays()
-    out = np.zeros(w.output.shape, np.float32)
+    out = aligned(np.zeros(w.output.shape, np.float32))
     ort_fn = onnx_session(w, ref_arrays, threads)
     kernel(*arrays, out)
     ref = ort_fn()

@@ -31,6 +31,18 @@ GOLDEN = 1.618  # `number` grows at least this much per retry, as in TVM's time_
 OVERSHOOT = 3.0  # a timed batch stops after this many times min_repeat_ms, however many calls it planned
 GARBAGE_BYTE = 0xA5  # fills integer and bool outputs before the check; float outputs get NaN
 MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task to task, so a few are enough
+ALIGN = 64  # bytes: a cache line, and an AVX-512 vector; what an artifact gives its weights and workspace
+
+
+def aligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` starting on a 64-byte boundary. numpy's own buffers start 16 bytes past one, so
+    every 64-byte vector load from them spans two cache lines; an artifact's weights and workspace are aligned, and a
+    measurement must see the memory the deployed kernel will."""
+    buf = np.empty(a.nbytes + ALIGN, np.uint8)
+    start = -buf.ctypes.data % ALIGN
+    out = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 class _Task:
@@ -40,9 +52,9 @@ class _Task:
         n_in = 0
         while os.path.exists(os.path.join(data, f"in{n_in}.npy")):
             n_in += 1
-        self.inputs = [np.load(os.path.join(data, f"in{i}.npy")) for i in range(n_in)]
+        self.inputs = [aligned(np.load(os.path.join(data, f"in{i}.npy"))) for i in range(n_in)]
         self.names = [name for name, _, _ in outputs]
-        self.outputs = [np.empty(shape, dtype) for _, shape, dtype in outputs]
+        self.outputs = [aligned(np.empty(shape, dtype)) for _, shape, dtype in outputs]
         self.refs: list[np.ndarray] | None = None
         self.data = data
 

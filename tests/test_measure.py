@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from compiler import ops, te
@@ -222,3 +223,12 @@ def test_records_round_trip_and_replay(tmp_path):
     assert best == records[0] and best.mean_cost == pytest.approx(1.5e-5)
     assert apply_steps(TASK.dag, [step_from_record(s) for s in best.steps]).steps == steps
     assert records[1].error == WRONG_ANSWER and not records[1].ok
+
+
+def test_measured_arrays_start_on_a_cache_line():
+    from compiler.measure_worker import ALIGN, aligned
+
+    for a in (np.arange(37, dtype=np.float32).reshape(37, 1), np.zeros((2, 3), np.int64), np.ones(1, np.float64)):
+        b = aligned(a)
+        assert b.ctypes.data % ALIGN == 0 and b.flags.c_contiguous and b.dtype == a.dtype
+        np.testing.assert_array_equal(b, a)
