@@ -163,6 +163,35 @@ def _loaded(locator) -> None:
     assert locator.get_by_role("alert").count() == 0, locator.inner_text()
 
 
+def test_numbers_read_as_people_read_them_and_tables_sort_missing_values_last(dash):
+    """format.js and table.js, run in the browser as the pages run them."""
+    dash.open("/login")
+    got = dash.page.evaluate(
+        """async () => {
+        const f = await import("/static/js/format.js");
+        const {Table} = await import("/static/js/table.js");
+        const table = new Table([{key: "x", label: "X", numeric: true}], {sortable: true});
+        table.update([{x: 3}, {x: null}, {x: 1}, {x: 20}]);
+        const column = () => [...table.body.rows].map((r) => r.cells[0].textContent);
+        table.sortBy("x");
+        const up = column();
+        table.sortBy("x");
+        return {
+            latency: [0.000123, 0.0456, 2, 4.2e-8, null].map(f.latency),
+            duration: [0.25, 42, 83.2, 120, 7300].map(f.duration),
+            flops: [483000, 45.8e6, 0].map(f.flops),
+            ago: f.ago("2026-01-01T00:00:00Z", Date.parse("2026-01-01T00:02:00Z")),
+            up, down: column(),
+        };
+    }"""
+    )
+    assert got["latency"] == ["123 µs", "45.6 ms", "2 s", "42 ns", "—"]
+    assert got["duration"] == ["0.3 s", "42 s", "1 min 23 s", "2 min", "2 h 1 min"]
+    assert got["flops"] == ["483 kFLOP", "45.8 MFLOP", "0 FLOP"]
+    assert got["ago"] == "2 min ago"
+    assert got["up"] == ["1", "3", "20", "—"] and got["down"] == ["20", "3", "1", "—"]
+
+
 def test_a_wrong_or_revoked_token_goes_back_to_the_login_page_with_the_servers_reason(dash, service, settings):
     page = dash.page
     dash.open("/jobs")  # no token yet: the login page

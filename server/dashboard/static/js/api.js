@@ -23,7 +23,7 @@ export function onUnauthorized(handler) {
   unauthorized = handler;
 }
 
-export function url(path, query = {}) {
+function url(path, query = {}) {
   const u = new URL(path, BASE);
   for (const [name, value] of Object.entries(query)) {
     if (value !== undefined && value !== null && value !== "") u.searchParams.set(name, value);

@@ -8,7 +8,7 @@ const MARGIN = {top: 14, right: 18, bottom: 42, left: 74};
 const MAX_MARKERS = 600; // above this many points a marker per point costs more than it shows
 
 /** About `count` round tick values (1, 2 or 5 times a power of ten) covering [lo, hi]. */
-export function ticks(lo, hi, count = 5) {
+function ticks(lo, hi, count = 5) {
   if (!(hi > lo)) return [lo];
   const raw = (hi - lo) / count;
   const magnitude = 10 ** Math.floor(Math.log10(raw));

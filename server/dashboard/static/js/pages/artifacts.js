@@ -20,7 +20,7 @@ function recordsUsed(artifact) {
       ` · ${shortHost(r.host)} · ${latency(r.mean_seconds)}`))));
 }
 
-export function downloadButton(artifact, report) {
+function downloadButton(artifact, report) {
   return actionButton("Download", async () => {
     const saved = await download(`artifacts/${artifact.id}/download`, `artifact-${artifact.id}.tar`);
     return `Saved ${saved.filename} (${bytes(saved.size)}${saved.checked ? ", sha256 checked" : ""}).`;

@@ -8,11 +8,11 @@ import {field, h, replace, section} from "../dom.js";
 import {count, duration, latency, when} from "../format.js";
 import {Pager, Table} from "../table.js";
 import {badge, fail, show, slot} from "../ui.js";
+import {TERMINAL} from "./jobs.js";
 
 const REFRESH_MS = 3000; // while the job runs
 const PAGE = 50;
-const TERMINAL = ["succeeded", "failed", "cancelled"];
-export const GROUPS = {build: "Build error", run: "Run error", timeout: "Timeout", wrong_answer: "Wrong answer"};
+const GROUPS = {build: "Build error", run: "Run error", timeout: "Timeout", wrong_answer: "Wrong answer"};
 const BATCH_STATES = ["sent", "running", "done", "lost", "failed"];
 
 function taskLabel(position, tasks) {

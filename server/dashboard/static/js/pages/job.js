@@ -10,10 +10,9 @@ import {count, duration, flops, gflops, latency, shortHost, when} from "../forma
 import {Table} from "../table.js";
 import {badge, errorText, fail, link, pageHeader, show, slot} from "../ui.js";
 import {activity} from "./job-activity.js";
-import {elapsed, jobActions} from "./jobs.js";
+import {TERMINAL, elapsed, jobActions} from "./jobs.js";
 
 export const title = "Job";
-export const TERMINAL = ["succeeded", "failed", "cancelled"];
 const POLL_MS = 2500; // the fallback when the event stream cannot be opened
 const X_MODES = {
   trials: {label: "Trials", axis: "trials measured", x: (p) => p.trials, format: (v) => count(Math.round(v))},

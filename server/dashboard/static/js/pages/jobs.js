@@ -10,8 +10,9 @@ import {actionButton, badge, errorText, link, live, pageHeader} from "../ui.js";
 export const title = "Jobs";
 const POLL_MS = 2500;
 
-export const CANCELLABLE = ["queued", "running"];
-export const RESUMABLE = ["failed", "cancelled"];
+const CANCELLABLE = ["queued", "running"];
+const RESUMABLE = ["failed", "cancelled"];
+export const TERMINAL = ["succeeded", "failed", "cancelled"];
 
 /** Elapsed wall time: the search's own account (over every attempt) once it has one, else since it started. */
 export function elapsed(job, now = Date.now()) {

@@ -13,7 +13,7 @@ const PAGE = 50;
 const SEARCH_DELAY_MS = 250;
 
 /** {"inputs": [[1, 3, 32, 32], [8, 3, 3, 3]], "outputs": [[1, 8, 30, 30]]} -> "1×3×32×32, 8×3×3×3 → 1×8×30×30". */
-export function shapesText(shapes) {
+function shapesText(shapes) {
   const list = (xs) => (Array.isArray(xs) ? xs.map((s) => (Array.isArray(s) ? s.join("×") : String(s))).join(", ") : "");
   if (shapes && typeof shapes === "object" && !Array.isArray(shapes)) {
     const inputs = list(shapes.inputs), outputs = list(shapes.outputs);

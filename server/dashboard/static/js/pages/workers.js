@@ -11,7 +11,7 @@ export const title = "Workers";
 const POLL_MS = 2500;
 
 /** alive / lost / stopped (the API's field; before it had one, only alive or not). */
-export function workerState(w) {
+function workerState(w) {
   return w.state || (w.alive ? "alive" : "lost");
 }
 
