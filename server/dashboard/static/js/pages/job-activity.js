@@ -75,6 +75,7 @@ class RecordsBrowser {
     this.jobId = jobId;
     this.view = view;
     this.tasks = [];
+    this.asked = 0;
     this.taskSelect = h("select", {name: "task", onchange: () => this.refilter()}, h("option", {value: ""}, "All tasks"));
     this.errorSelect = h("select", {name: "error", onchange: () => this.refilter()},
       [["", "Any outcome"], ["ok", "No error"], ["failed", "Any error"], ...Object.entries(GROUPS)]
@@ -119,13 +120,15 @@ class RecordsBrowser {
   async load() {
     const query = {offset: this.pager.offset, limit: PAGE, task: this.taskSelect.value,
       error: this.errorSelect.value, order: this.orderSelect.value};
+    const asked = ++this.asked; // a slower answer to an older query (a refresh, the last filter) must not win
     try {
       const page = await get(`jobs/${this.jobId}/records`, query, {signal: this.view.signal});
+      if (asked !== this.asked) return;
       this.table.update(page.records);
       this.pager.update(page.total);
       if (!this.body.contains(this.table.wrapper)) show(this.body, this.table.wrapper, this.pager.element);
     } catch (error) {
-      if (error.name !== "AbortError") fail(this.body, "the records", error);
+      if (error.name !== "AbortError" && asked === this.asked) fail(this.body, "the records", error);
     }
   }
 }

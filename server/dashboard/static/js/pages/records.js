@@ -62,9 +62,10 @@ export function render(root, view) {
   const body = slot("the workloads");
   const schedule = h("div", {class: "schedule", "aria-live": "polite"},
     h("p", {class: "muted"}, "Click a workload to print its best schedule as a loop nest."));
-  let shown = "";
+  let shown = "", chosen = 0;
 
   async function choose(workload, host) {
+    const mine = ++chosen; // the last click wins
     if (!host) {
       replace(schedule, message(`No error-free record of ${workload.op_tag} yet: nothing to print.`));
       return;
@@ -73,9 +74,9 @@ export function render(root, view) {
     replace(schedule, message(`Replaying record ${host.best_record_id}…`));
     try {
       const data = await get(`records/${host.best_record_id}/schedule`, undefined, {signal: view.signal});
-      show(schedule, ...scheduleView(workload, host, data));
+      if (mine === chosen) show(schedule, ...scheduleView(workload, host, data));
     } catch (error) {
-      if (error.name !== "AbortError") fail(schedule, `the schedule of record ${host.best_record_id}`, error);
+      if (error.name !== "AbortError" && mine === chosen) fail(schedule, `the schedule of record ${host.best_record_id}`, error);
     }
   }
 
@@ -90,10 +91,13 @@ export function render(root, view) {
     onSelect: (w) => choose(w, fastest(w))});
   const pager = new Pager(PAGE, () => load(), "Workload pages");
 
+  let asked = 0;
   async function load() {
     const query = {offset: pager.offset, limit: PAGE, q: search.value.trim(), order: order.value};
+    const mine = ++asked; // a slower answer to an older query (a refresh, the last search) must not win
     try {
       const page = await get("records/workloads", query, {signal: view.signal});
+      if (mine !== asked) return;
       const text = JSON.stringify(page);
       if (text === shown) return;
       shown = text;
@@ -101,7 +105,7 @@ export function render(root, view) {
       pager.update(page.total);
       if (!body.contains(table.wrapper)) show(body, table.wrapper, pager.element);
     } catch (error) {
-      if (error.name === "AbortError") return;
+      if (error.name === "AbortError" || mine !== asked) return;
       shown = "";
       fail(body, "the workloads", error);
     }
