@@ -49,6 +49,24 @@ def pg_database():
         admin.close()
 
 
+def service_environ(root) -> dict[str, str]:
+    """This process's environment for an embedded service under `root`: no TILEFARM_ setting of the caller's leaks
+    in, and its data and caches stay in `root`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEFARM_")}
+    env.update(XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"))
+    return env
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn(tmp_path_factory) -> bytes:
+    """The tiny_cnn example model's ONNX bytes."""
+    from compiler import examples
+
+    path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
+    examples.save("tiny_cnn", path)
+    return path.read_bytes()
+
+
 def fresh_schema(database: str) -> str:
     """The URL of a new, empty schema (search_path) in a PostgreSQL database."""
     import psycopg

@@ -18,7 +18,6 @@ from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
 from sqlalchemy import func, select
 
-from compiler import examples
 from compiler.build import build, target_name
 from compiler.onnx_frontend import load
 from compiler.records import VERSION, TuningRecord
@@ -61,13 +60,6 @@ def other_token(settings, client) -> str:
     with session_scope(settings) as session:
         _, token = accounts.create_token(session, accounts.ensure_team(session, "other"), "b")
     return token
-
-
-@pytest.fixture(scope="module")
-def tiny_cnn(tmp_path_factory) -> bytes:
-    path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
-    examples.save("tiny_cnn", path)
-    return path.read_bytes()
 
 
 def upload(client: TestClient, data: bytes, filename: str = "tiny_cnn.onnx", **fields: str):

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from server.dashboard import STATIC
 from tests.browser import REPO, Dashboard, chromium, require_browser
+from tests.conftest import service_environ
 from tilefarm.remote import Client
 from tilefarm.serve import EmbeddedService
 
@@ -86,17 +87,11 @@ def test_no_server_string_can_become_markup():
 # ---------------------------------------------------------------------------------------------- in a browser
 
 
-def _environ(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEFARM_")}
-    env.update(XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"))
-    return env
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     require_browser()  # before starting anything
     root = tmp_path_factory.mktemp("dashboard")
-    with EmbeddedService(_environ(root), workers=1, log_dir=root / "logs", prefix="dash-") as svc:
+    with EmbeddedService(service_environ(root), workers=1, log_dir=root / "logs", prefix="dash-") as svc:
         yield svc
 
 

@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 
-from compiler import examples
 from compiler.annotate import InvalidProgram, materialize, sample
 from compiler.build import target_name
 from compiler.loopir import print_func
@@ -323,13 +322,6 @@ def settings(tmp_path) -> Settings:
 def client(settings):
     with TestClient(create_app(settings), headers=bearer(TOKEN)) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def tiny_cnn(tmp_path_factory) -> bytes:
-    path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
-    examples.save("tiny_cnn", path)
-    return path.read_bytes()
 
 
 def searched_steps(dag, seed: int = 0) -> list:

@@ -5,7 +5,6 @@ tiny_cnn, tune it on the worker, follow the job, compile, download, and run the 
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import service_environ
 from tilefarm import cli, remote
 from tilefarm.remote import Client, RemoteError
 from tilefarm.serve import EmbeddedService, prepare
@@ -21,16 +21,10 @@ from tilefarm.serve import EmbeddedService, prepare
 main = cli.main if "add_remote_parser" in Path(cli.__file__).read_text() else remote.main
 
 
-def _environ(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TILEFARM_")}
-    env.update(XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"))
-    return env
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     root = tmp_path_factory.mktemp("service")
-    with EmbeddedService(_environ(root), workers=1, log_dir=root / "logs", prefix="test-") as svc:
+    with EmbeddedService(service_environ(root), workers=1, log_dir=root / "logs", prefix="test-") as svc:
         yield svc
 
 
@@ -50,7 +44,7 @@ def _cli(svc: EmbeddedService, capsys, *argv: str) -> tuple[int, str]:
 
 
 def test_prepare_writes_a_private_token_once_and_replaces_a_stale_one(tmp_path):
-    env = _environ(tmp_path)
+    env = service_environ(tmp_path)
     token, created = prepare(env)
     path = remote.token_file(env)
     assert created and path.read_text().strip() == token
