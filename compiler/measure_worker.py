@@ -34,13 +34,20 @@ MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task t
 ALIGN = 64  # bytes: a cache line, and an AVX-512 vector; what an artifact gives its weights and workspace
 
 
-def aligned(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `a` starting on a 64-byte boundary. numpy's own buffers start 16 bytes past one, so
-    every 64-byte vector load from them spans two cache lines; an artifact's weights and workspace are aligned, and a
-    measurement must see the memory the deployed kernel will."""
-    buf = np.empty(a.nbytes + ALIGN, np.uint8)
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array starting on a 64-byte boundary. numpy's own buffers start 16 bytes past
+    one, so every 64-byte vector load from them spans two cache lines; an artifact's weights and workspace are aligned
+    (compiler.runtime.ALIGN), and a measurement must see the memory the deployed kernel will."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + ALIGN, np.uint8)
     start = -buf.ctypes.data % ALIGN
-    out = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    return buf[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` starting on a 64-byte boundary (aligned_empty)."""
+    out = aligned_empty(a.shape, a.dtype)
     out[...] = a
     return out
 
@@ -54,7 +61,7 @@ class _Task:
             n_in += 1
         self.inputs = [aligned(np.load(os.path.join(data, f"in{i}.npy"))) for i in range(n_in)]
         self.names = [name for name, _, _ in outputs]
-        self.outputs = [aligned(np.empty(shape, dtype)) for _, shape, dtype in outputs]
+        self.outputs = [aligned_empty(shape, dtype) for _, shape, dtype in outputs]
         self.refs: list[np.ndarray] | None = None
         self.data = data
 

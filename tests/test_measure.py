@@ -226,8 +226,10 @@ def test_records_round_trip_and_replay(tmp_path):
 
 
 def test_measured_arrays_start_on_a_cache_line():
-    from compiler.measure_worker import ALIGN, aligned
+    from compiler.measure_worker import ALIGN, aligned, aligned_empty
 
+    out = aligned_empty((5, 7), np.float32)
+    assert out.ctypes.data % ALIGN == 0 and out.flags.c_contiguous and out.shape == (5, 7) and out.dtype == np.float32
     for a in (np.arange(37, dtype=np.float32).reshape(37, 1), np.zeros((2, 3), np.int64), np.ones(1, np.float64)):
         b = aligned(a)
         assert b.ctypes.data % ALIGN == 0 and b.flags.c_contiguous and b.dtype == a.dtype
