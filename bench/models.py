@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.kernels import interleaved, parse_args
+from bench.kernels import interleaved, ort_options, parse_args
 from compiler.examples import EXAMPLES
 
 MODELS = ["resnet18", "mobilenetv2", "encoder"]
@@ -62,11 +62,7 @@ def batch1_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
 def ort_session(model: onnx.ModelProto, threads: int) -> Callable[[dict], list[np.ndarray]]:
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    # idle onnxruntime workers otherwise spin between runs and slow whichever system is timed next
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return lambda feeds: dict(zip(names, sess.run(None, feeds)))
 
