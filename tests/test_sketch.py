@@ -447,3 +447,31 @@ def test_the_register_block_is_ordered_by_decreasing_extent_with_the_vector_axis
     block = [it.name for it in state.stage("conv.local").iters][-4:]
     assert block == ["x.3", "fo.3", "y.3", "fi.3"]  # 14, 2, 1; fi (contiguous, vectorized) stays innermost
     assert print_state(materialize(sk, Decisions(tiles, d.locations))) == print_state(state)  # replays the same
+
+
+def _vector_fusions(dag: ComputeDAG, samples: int = 40) -> dict[str, set[int]]:
+    """Stage -> the numbers of inner loops its sampled vector loops fused, over every sketch of `dag`."""
+    rng, seen = np.random.default_rng(0), {}
+    for sk in generate_sketches(dag, TARGET, pack=False):
+        for _ in range(samples):
+            for stage, n in sample(sk, rng, CORES).vectorize:
+                seen.setdefault(stage, set()).add(n)
+    return seen
+
+
+def test_the_vector_loop_fuses_only_loops_every_access_walks_contiguously():
+    # the blocked conv's register block: the input is broadcast across output channels (stride 0 along fi, 1 along
+    # x), so fusing x (or anything) into the 16-lane fi loop would index the input by lane // 16: never sampled
+    data = te.placeholder((1, 32, 14, 14), name="data")
+    weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
+    seen = _vector_fusions(ComputeDAG([data, weight, ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")]))
+    assert seen["conv.local"] == {1}
+    assert seen["conv_pad"] == {1}  # a padded row (16 wide) is not a straight run of the 14-wide input rows
+    # the copy-out of the block writes conv[.., x, fi] from conv.local[.., x, fi]: x then fi is one straight run
+    assert 2 in seen["conv"]
+    # an elementwise op whose inner loops cover whole rows fuses them
+    A, B = te.placeholder((1024, 8, 4), name="A"), te.placeholder((1024, 8, 4), name="B")
+    add = te.compute((1024, 8, 4), lambda i, j, k: A[i, j, k] + B[i, j, k], name="add")
+    assert 2 in _vector_fusions(ComputeDAG([A, B, add]))["add"]
+    # GEMM's accumulator: A[i, k] is broadcast along j, so i never joins the vector loop
+    assert _vector_fusions(DAGS["matmul512"])["C.local"] == {1}
