@@ -248,11 +248,14 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator) -> tuple[int, ...]:
-    """Uniformly random perfect factorization; returns the inner lengths (the outer part is implied)."""
+def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator, multiple_of: int = 1) -> tuple[int, ...]:
+    """Uniformly random perfect factorization; returns the inner lengths (the outer part is implied). With
+    `multiple_of`, only those whose innermost length is a multiple of it, where there are any."""
     options = factorizations(extent, n_lengths + 1)
     if not options:  # a prime extent above the innermost limit: keep it outermost
         return (1,) * n_lengths
+    if multiple_of > 1:
+        options = [o for o in options if o[-1] % multiple_of == 0] or options
     return options[rng.integers(len(options))][1:]
 
 
@@ -300,11 +303,17 @@ def _attach_points(s: State, consumer: str) -> list[str]:
     return out
 
 
-def sample(sketch: Sketch, rng: np.random.Generator, cores: int) -> Decisions:
-    """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization."""
+def sample(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0) -> Decisions:
+    """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization.
+
+    With `lanes` (the target's vector width in elements), a split of a stage's last space axis, whose innermost
+    part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
+    draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35)."""
+    contiguous = sketch.tile_contiguous
+    assert len(contiguous) == len(sketch.tile_steps), "a sketch rule added a tile step without its contiguity flag"
     tiles = tuple(
-        sample_tile(extent, len(sketch.state.steps[idx].lengths), rng)
-        for idx, extent in zip(sketch.tile_steps, sketch.tile_extents)
+        sample_tile(extent, len(sketch.state.steps[idx].lengths), rng, lanes if vec else 1)
+        for idx, extent, vec in zip(sketch.tile_steps, sketch.tile_extents, contiguous)
     )
     sp = space(sketch)
     locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)

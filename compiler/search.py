@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler import features
+from compiler import dtypes, features
 from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample
 from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
@@ -95,6 +95,8 @@ class SearchPolicy:
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
+        out_dtype = self.dag.op(self.dag.outputs[0]).dtype
+        self.lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype)  # vector width in output elements
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured
@@ -126,7 +128,7 @@ class SearchPolicy:
             for _ in range(n - len(out)):
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
-                    c = self.candidate(i, sample(self.sketches[i], self.rng, self.target.cores))
+                    c = self.candidate(i, sample(self.sketches[i], self.rng, self.target.cores, self.lanes))
                 except InvalidProgram:
                     self.stats.invalid += 1
                     continue

@@ -35,6 +35,8 @@ class Sketch:
     tiled: frozenset[str]  # stages with a multi-level tile structure: their place is part of the sketch
     fixed: frozenset[str]  # stages the sketch placed (inlined, attached, rfactored): annotation leaves them
     rules: tuple[str, ...]  # the rules that made it, outermost stage first, for printing and tests
+    # per tile step: it splits its stage's last space axis, whose innermost part is the vector loop
+    tile_contiguous: tuple[bool, ...] = ()
 
     def __str__(self):
         return f"sketch [{', '.join(self.rules)}]\n{self.state}"
@@ -46,6 +48,7 @@ class _Partial:
     index: int
     tile_steps: tuple[int, ...] = ()
     tile_extents: tuple[int, ...] = ()
+    tile_contiguous: tuple[bool, ...] = ()
     tiled: frozenset[str] = frozenset()
     fixed: frozenset[str] = frozenset()
     rules: tuple[str, ...] = ()
@@ -68,7 +71,7 @@ def _generate(dag: ComputeDAG, cores: int, pack: bool) -> tuple[Sketch, ...]:
     while work:
         p = work.pop()
         if p.index < 0:
-            done.append(Sketch(p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules))
+            done.append(Sketch(p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules, p.tile_contiguous))
             continue
         stage = p.state.stages[p.index]
         if stage.op.is_placeholder:
@@ -105,20 +108,68 @@ def _name(p: _Partial) -> str:
 
 
 def fusible_consumer(state: State, name: str) -> str | None:
-    """The single consumer that reads `name` elementwise at its own index (looking through inlined stages), if any:
-    Ansor's HasFusibleConsumer."""
+    """The single consumer that reads `name` one element per element of its own (looking through inlined stages):
+    Ansor's HasFusibleConsumer, which asks for the consumer's own index, widened to a *blocked view* of it
+    (consumer_view): a blocked conv's result read back as NCHW, [n, f // 16, y, x, f % 16], fuses too, so the
+    accumulator block is written to NCHW from registers instead of through a whole blocked copy of the tensor."""
     consumers = state.consumers(name)
     if len(consumers) != 1:
         return None
     c = state.stage(consumers[0])
-    producer = state.stage(name).op
-    if c.op.shape != producer.shape or (c.op.reduce_axes and producer.reduce_axes):
+    if c.op.reduce_axes and state.stage(name).op.reduce_axes:
         return None
-    body = state.resolve_inlined(c.op.body)
-    loads = [ld for ld in te.loads(body) if ld.buffer == name]
-    if not loads or not all(at_own_index(ld, c.op.axes) for ld in loads):
+    return c.name if consumer_view(state, name, c.name) is not None else None
+
+
+@dataclass(frozen=True)
+class ConsumerView:
+    """How a fusible consumer's loops line up with its producer's axes: split each consumer axis in `splits` by
+    the given inner extent (into `axis.0`, `axis.1`); then `loops[i]` is the consumer loop walking producer axis i."""
+
+    splits: tuple[tuple[str, int], ...]
+    loops: tuple[str, ...]
+
+
+def consumer_view(state: State, producer: str, consumer: str) -> ConsumerView | None:
+    """The consumer reads the producer at its own index, or at a blocked view of it: every producer index is a
+    consumer axis `a`, or one of the pair `a // k`, `a % k` (k dividing a's extent), each consumer axis used once
+    (or once as each of the pair), with the producer's extents those pieces' extents. None for anything else."""
+    c, p = state.stage(consumer).op, state.stage(producer).op
+    loads = [ld for ld in te.loads(state.resolve_inlined(c.body)) if ld.buffer == producer]
+    if not loads or len(loads[0].indices) != len(p.shape) or any(ld.indices != loads[0].indices for ld in loads):
         return None
-    return c.name
+    if at_own_index(loads[0], c.axes):
+        return ConsumerView((), tuple(a.name for a in c.axes)) if c.shape == p.shape else None
+    extent = {a.name: a.extent for a in c.axes}
+    pieces: list[tuple[str, str, int]] = []  # per producer axis: (consumer axis, "own" | "outer" | "inner", k)
+    for index, size in zip(loads[0].indices, p.shape):
+        if isinstance(index, te.Var) and extent.get(index.name) == size:
+            pieces.append((index.name, "own", 0))
+            continue
+        if not (
+            isinstance(index, te.Binary)
+            and index.op in ("floordiv", "mod")
+            and isinstance(index.a, te.Var)
+            and index.a.name in extent
+            and isinstance(index.b, te.Const)
+        ):
+            return None
+        axis, k = index.a.name, int(index.b.value)
+        if k <= 1 or extent[axis] % k or size != (extent[axis] // k if index.op == "floordiv" else k):
+            return None
+        pieces.append((axis, "outer" if index.op == "floordiv" else "inner", k))
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for axis, kind, k in pieces:
+        uses.setdefault(axis, []).append((kind, k))
+    for axis in extent:
+        kinds = sorted(uses.get(axis, []))
+        own = kinds == [("own", 0)]
+        pair = len(kinds) == 2 and kinds[0][0] == "inner" and kinds[1] == ("outer", kinds[0][1])
+        if not (own or pair):
+            return None
+    splits = tuple((axis, uses[axis][0][1]) for axis in extent if uses[axis][0][0] != "own")
+    suffix = {"own": "", "outer": ".0", "inner": ".1"}
+    return ConsumerView(splits, tuple(axis + suffix[kind] for axis, kind, _ in pieces))
 
 
 PACK_MIN_ROW = 17  # elements: an input whose rows are shorter is laid out as contiguous panels already
@@ -216,6 +267,7 @@ class AddRfactor(Rule):
                 state=rf,
                 tile_steps=p.tile_steps + (split_index,),
                 tile_extents=p.tile_extents + (extent,),
+                tile_contiguous=p.tile_contiguous + (False,),
                 fixed=p.fixed | {name},
                 rules=p.rules + (f"{self.name}({name}, {'outer' if part == 0 else 'inner'})",),
             )
@@ -337,6 +389,8 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
     sid = s.stage_id(name)
     levels = {k: TILE_STRUCTURE.count(k) for k in "SR"}
     tile_steps, tile_extents, splits = list(p.tile_steps), list(p.tile_extents), {}
+    contiguous = list(p.tile_contiguous)
+    last_space = [it.name for it in s.stage(sid).iters if it.kind == "spatial"][-1:]
     parts: dict[str, list[str]] = {}
     for it in s.stage(sid).iters:
         n = levels["S" if it.kind == "spatial" else "R"]
@@ -346,6 +400,7 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
         splits[it.name] = len(s.steps)
         tile_steps.append(len(s.steps))
         tile_extents.append(it.extent)
+        contiguous.append([it.name] == last_space)
         s = s.do(Split(sid, s.stage(sid).iter_index(it.name), (1,) * (n - 1)))
         parts[it.name] = [f"{it.name}.{k}" for k in range(n)]
     order = [n for n, ps in parts.items() if len(ps) == 1]
@@ -363,6 +418,7 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
         state=s,
         tile_steps=tuple(tile_steps),
         tile_extents=tuple(tile_extents),
+        tile_contiguous=tuple(contiguous),
         tiled=p.tiled | {name},
         fixed=p.fixed | {name},
         splits={**p.splits, name: splits},
@@ -375,16 +431,19 @@ def _follow(p: _Partial, producer: str, consumer: str, level: int) -> _Partial:
     part), ordered level by level; the producer computed at the end of that level."""
     s = p.state
     cid = s.stage_id(consumer)
+    view = consumer_view(s, producer, consumer)
+    assert view is not None, f"{consumer} is not a fusible consumer of {producer}"
+    for axis, k in view.splits:  # a blocked view: f -> f.0 (f // k), f.1 (f % k)
+        s = s.do(Split(cid, s.stage(cid).iter_index(axis), (k,)))
     prod_axes = s.stage(producer).op.axes
-    cons_axes = s.stage(cid).op.axes
     splits = p.splits[producer]
     parts: list[list[str]] = []
-    for pa, ca in zip(prod_axes, cons_axes):
+    for pa, loop in zip(prod_axes, view.loops):
         if pa.name not in splits:
-            parts.append([ca.name])
+            parts.append([loop])
             continue
-        s = s.do(FollowSplit(cid, s.stage(cid).iter_index(ca.name), splits[pa.name], level))
-        parts.append([f"{ca.name}.{k}" for k in range(level + 1)])
+        s = s.do(FollowSplit(cid, s.stage(cid).iter_index(loop), splits[pa.name], level))
+        parts.append([f"{loop}.{k}" for k in range(level + 1)])
     order = [ps[0] for ps in parts if len(ps) == 1]
     for lv in range(level + 1):
         order += [ps[lv] for ps in parts if len(ps) > 1]
@@ -395,4 +454,13 @@ def _follow(p: _Partial, producer: str, consumer: str, level: int) -> _Partial:
     return replace(p, state=s)
 
 
-__all__ = ["Sketch", "generate_sketches", "fusible_consumer", "needs_rfactor", "RULES", "TILE_STRUCTURE"]
+__all__ = [
+    "Sketch",
+    "generate_sketches",
+    "fusible_consumer",
+    "consumer_view",
+    "ConsumerView",
+    "needs_rfactor",
+    "RULES",
+    "TILE_STRUCTURE",
+]

@@ -22,10 +22,12 @@ from compiler.annotate import (
     sample_tile,
     space,
 )
+from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
+from compiler.lower import lower
 from compiler.ops.kernels import KERNELS
-from compiler.sketch import TILE_STRUCTURE, Sketch, generate_sketches
-from compiler.state import apply_steps, print_state, step_from_record
+from compiler.sketch import TILE_STRUCTURE, ConsumerView, Sketch, consumer_view, generate_sketches
+from compiler.state import apply_steps, initial_state, print_state, step_from_record
 from compiler.target import Target
 
 CORES = 4
@@ -439,12 +441,12 @@ def test_the_register_block_is_ordered_by_decreasing_extent_with_the_vector_axis
     data = te.placeholder((1, 32, 14, 14), name="data")
     weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
     dag = ComputeDAG([data, weight, ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")])
-    sk = next(s for s in generate_sketches(dag, TARGET, pack=False) if "conv.local" in s.tiled)
+    sk = generate_sketches(dag, TARGET, pack=False)[0]  # tiled, fused into its NCHW copy (test_blocked_view...)
     d = sample(sk, np.random.default_rng(0), CORES)
     assert sk.tile_extents == (2, 14, 14, 16, 32, 3, 3)  # fo, y, x, fi; rc, ry, rx
     tiles = ((1, 1, 2), (14, 1, 1), (1, 1, 14), (1, 1, 16), (32,), (3,), (3,))  # innermost: fo 2, y 1, x 14, fi 16
     state = materialize(sk, Decisions(tiles, d.locations))
-    block = [it.name for it in state.stage("conv.local").iters][-4:]
+    block = [it.name for it in state.stage("conv").iters][-4:]
     assert block == ["x.3", "fo.3", "y.3", "fi.3"]  # 14, 2, 1; fi (contiguous, vectorized) stays innermost
     assert print_state(materialize(sk, Decisions(tiles, d.locations))) == print_state(state)  # replays the same
 
@@ -465,13 +467,68 @@ def test_the_vector_loop_fuses_only_loops_every_access_walks_contiguously():
     data = te.placeholder((1, 32, 14, 14), name="data")
     weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
     seen = _vector_fusions(ComputeDAG([data, weight, ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")]))
-    assert seen["conv.local"] == {1}
+    assert seen["conv"] == {1}
     assert seen["conv_pad"] == {1}  # a padded row (16 wide) is not a straight run of the 14-wide input rows
-    # the copy-out of the block writes conv[.., x, fi] from conv.local[.., x, fi]: x then fi is one straight run
-    assert 2 in seen["conv"]
+    assert seen["conv_nchw"] == {1}  # NCHW rows are not a straight run of the 16 channels a block holds per pixel
     # an elementwise op whose inner loops cover whole rows fuses them
     A, B = te.placeholder((1024, 8, 4), name="A"), te.placeholder((1024, 8, 4), name="B")
     add = te.compute((1024, 8, 4), lambda i, j, k: A[i, j, k] + B[i, j, k], name="add")
     assert 2 in _vector_fusions(ComputeDAG([A, B, add]))["add"]
     # GEMM's accumulator: A[i, k] is broadcast along j, so i never joins the vector loop
     assert _vector_fusions(DAGS["matmul512"])["C.local"] == {1}
+
+
+def test_a_blocked_conv_fuses_into_its_nchw_copy_through_the_blocked_view():
+    # conv_nchw[n, f, y, x] = conv[n, f // 16, y, x, f % 16]: the copy splits f into f.0 (f // 16) and f.1 (f % 16),
+    # follows the conv's tiles, and the conv's accumulator block lives inside the copy's tile (no whole blocked copy)
+    data = te.placeholder((1, 32, 14, 14), name="data")
+    weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
+    dag = ComputeDAG([data, weight, ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")])
+    sk = generate_sketches(dag, TARGET, pack=False)
+    assert [s.rules for s in sk] == [("tile+fuse(conv, L1)",), ("tile+fuse(conv, L2)",), ("tile(conv)",)]
+    view = consumer_view(sk[0].state, "conv", "conv_nchw")
+    assert view == ConsumerView((("f", 16),), ("n", "f.0", "y", "x", "f.1"))
+    assert attach(sk[0], "conv") == ("conv_nchw", "f.1.0") and attach(sk[1], "conv") == ("conv_nchw", "f.1.1")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    blocked = np.ascontiguousarray(w.reshape(2, 16, 32, 3, 3).transpose(0, 2, 3, 4, 1))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
+    want = np.zeros((1, 32, 14, 14))
+    for ry, rx in itertools.product(range(3), range(3)):
+        want += np.einsum("nchw,fc->nfhw", xp[:, :, ry : ry + 14, rx : rx + 14], w[:, :, ry, rx])
+    for k in range(6):
+        s = sk[k % 2]
+        out = np.full((1, 32, 14, 14), np.nan, np.float32)
+        compile_funcs([lower(materialize(s, sample(s, rng, CORES)))])["kernel"](x, blocked, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_consumer_view_refuses_reads_that_are_not_one_element_per_element():
+    x = te.placeholder((4, 32), name="x")
+    y = te.compute((4, 32), lambda i, j: x[i, j] * 2.0, name="y")
+
+    def view(shape, fcompute):
+        z = te.compute(shape, fcompute, name="z")
+        return consumer_view(initial_state(ComputeDAG([x, y, z])), "y", "z")
+
+    assert view((4, 32), lambda i, j: y[i, j]) == ConsumerView((), ("i", "j"))
+    assert view((4, 2, 16), lambda i, a, b: y[i, a * 16 + b]) is None  # a flat index of several axes
+    assert view((2, 32), lambda i, j: y[i, j]) is None  # a slice, not the whole tensor
+    assert view((4, 32), lambda i, j: y[i, j // 2]) is None  # j // 2 without its j % 2
+    assert view((4, 32), lambda i, j: y[j // 8, j % 8]) is None  # i unused, j split the wrong way
+    assert view((4, 32), lambda i, j: y[i, j] + y[i, 31 - j]) is None  # two different reads
+
+
+def test_with_lanes_the_vector_axis_innermost_tile_is_a_multiple_of_them():
+    rng = np.random.default_rng(0)
+    assert {sample_tile(16, 3, rng, multiple_of=16)[-1] for _ in range(20)} == {16}
+    assert {sample_tile(64, 3, rng, multiple_of=16)[-1] for _ in range(60)} == {16, 32, 64}
+    assert len({sample_tile(56, 3, rng, multiple_of=16)[-1] for _ in range(60)}) > 2  # none divides 56: uniform
+    sketch = sketches("matmul512")[0]  # C = A·B tiled: of i, j and k only j (the last space axis) is contiguous
+    assert sketch.tile_contiguous == (False, True, False)
+    for _ in range(10):
+        tiles = sample(sketch, rng, CORES, lanes=16).tiles
+        j = tiles[sketch.tile_contiguous.index(True)]
+        assert j[-1] % 16 == 0
+    assert any(t[-1] % 16 for t in (sample(sketch, rng, CORES).tiles[0] for _ in range(20)))  # no lanes: uniform
