@@ -48,6 +48,9 @@ class SearchParams:
     init_measured_ratio: float = 0.2
     init_min_population: int = 50
     max_fail_rounds: int = 5
+    # draw the vector loop's innermost tile from multiples of the target's lanes (annotate.sample); False draws
+    # every tile uniformly, as Ansor does
+    lane_tiles: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class SearchPolicy:
         self.rng = np.random.default_rng(self.seed)
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         out_dtype = self.dag.op(self.dag.outputs[0]).dtype
-        self.lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype)  # vector width in output elements
+        # the vector width in output elements
+        self.lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype) if self.params.lane_tiles else 0
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured

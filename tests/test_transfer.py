@@ -28,7 +28,8 @@ from server.database import SQLDatabase
 from tilefarm.cli import main
 
 TARGET = Target.host()
-PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
+# uniform tile sizes (Ansor's sampling): random programs as varied as they come, vector widths included
+PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16, lane_tiles=False)
 
 
 def matmul_task(m: int, n: int, k: int) -> Task:
@@ -151,7 +152,10 @@ def team_database(tmp_path_factory):
     seen = [matmul_task(64, 64, 64), kernel_task("conv2d_bias_relu")]
     with SQLDatabase(url) as db:
         db.describe_workloads(seen)
-        db.import_records(records(seen[0], 120, 0) + records(seen[1], 120, 1))
+        # 200 each: with 120 the unseen workload's held-out accuracy ranged 0.78-0.85 over record seeds 5-9, with 200
+        # it ranges 0.84-0.89 (random programs no longer fuse a register block into one wide vector loop, so
+        # their vector widths, which the synthetic cost rewards, vary less)
+        db.import_records(records(seen[0], 200, 0) + records(seen[1], 200, 1))
     return url
 
 
@@ -159,7 +163,7 @@ def test_a_prior_from_other_workloads_ranks_a_new_one(team_database, tmp_path):
     unseen = matmul_task(48, 80, 32)  # in no record: the prior knows it only through its features
     with SQLDatabase(team_database) as db:
         prior, line = ModelCache(tmp_path).load_or_train(db, db.identity, TARGET)
-    assert prior is not None and "pre-trained on 240 records of 2 workloads" in line  # failures too
+    assert prior is not None and "pre-trained on 400 records of 2 workloads" in line  # failures too
     xs, costs = features_and_costs(unseen, records(unseen, 80, 5))
     assert pairwise_accuracy(prior.predict(xs), costs) > 0.8
     assert pairwise_accuracy(RandomModel(0).predict(xs), costs) < 0.6
