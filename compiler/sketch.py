@@ -36,7 +36,7 @@ class Sketch:
     fixed: frozenset[str]  # stages the sketch placed (inlined, attached, rfactored): annotation leaves them
     rules: tuple[str, ...]  # the rules that made it, outermost stage first, for printing and tests
     # per tile step: it splits its stage's last space axis, whose innermost part is the vector loop
-    tile_contiguous: tuple[bool, ...] = ()
+    tile_contiguous: tuple[bool, ...]
 
     def __str__(self):
         return f"sketch [{', '.join(self.rules)}]\n{self.state}"

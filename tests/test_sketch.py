@@ -25,7 +25,8 @@ from compiler.annotate import (
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.lower import lower
-from compiler.ops.kernels import KERNELS
+from compiler.ops.kernels import KERNELS, reference_conv2d
+from compiler.passes import pack_conv_weight
 from compiler.sketch import TILE_STRUCTURE, ConsumerView, Sketch, consumer_view, generate_sketches
 from compiler.state import apply_steps, initial_state, print_state, step_from_record
 from compiler.target import Target
@@ -492,11 +493,7 @@ def test_a_blocked_conv_fuses_into_its_nchw_copy_through_the_blocked_view():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 32, 14, 14)).astype(np.float32)
     w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
-    blocked = np.ascontiguousarray(w.reshape(2, 16, 32, 3, 3).transpose(0, 2, 3, 4, 1))
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
-    want = np.zeros((1, 32, 14, 14))
-    for ry, rx in itertools.product(range(3), range(3)):
-        want += np.einsum("nchw,fc->nfhw", xp[:, :, ry : ry + 14, rx : rx + 14], w[:, :, ry, rx])
+    blocked, want = pack_conv_weight(w), reference_conv2d(x, w, padding=1)
     for k in range(6):
         s = sk[k % 2]
         out = np.full((1, 32, 14, 14), np.nan, np.float32)
