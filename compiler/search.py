@@ -106,6 +106,7 @@ class SearchPolicy:
         self.measured_programs: set[str] = set()  # program_identity of everything measured
         self.stats = SearchStats()
         self._features = features.FeatureCache()
+        self._population = self.params.population  # this round's
 
     # ------------------------------------------------------------------------------------------ candidates
 
@@ -164,12 +165,14 @@ class SearchPolicy:
 
     # ------------------------------------------------------------------------------------------ search
 
-    def next_batch(self, n: int) -> list[Candidate]:
+    def next_batch(self, n: int, population: int | None = None) -> list[Candidate]:
         """Ansor's SearchOneRound: evolutionary search under the cost model, then ε-greedy picking of `n`
-        programs not measured before."""
+        programs not measured before. `population` overrides the parameters' for this round (the task scheduler
+        shrinks it where measuring a round costs less than searching for it)."""
         t0 = time.perf_counter()
         p = self.params
-        init = self.sample_initial(max(p.init_min_population, p.population - self._n_seeds()))
+        self._population = population or p.population
+        init = self.sample_initial(max(p.init_min_population, self._population - self._n_seeds()))
         pool = [c for c in init if c.key not in self.measured]
         n_random = min(int(p.eps_greedy * n), len(pool))
         random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
@@ -204,7 +207,7 @@ class SearchPolicy:
         return list(picked.values())
 
     def _n_seeds(self) -> int:
-        return min(int(self.params.init_measured_ratio * self.params.population), len(self._traced_measured()))
+        return min(int(self.params.init_measured_ratio * self._population), len(self._traced_measured()))
 
     def _traced_measured(self) -> list[tuple[float, Candidate]]:
         return [(cost, c) for cost, c in self.measured_candidates if c.decisions is not None and np.isfinite(cost)]
@@ -250,7 +253,7 @@ class SearchPolicy:
         probs = weights / weights.sum()
         out: list[Candidate] = []
         attempts = 0
-        while len(out) < p.population and attempts < 3 * p.population:
+        while len(out) < self._population and attempts < 3 * self._population:
             attempts += 1
             parent = population[int(self.rng.choice(len(population), p=probs))]
             if parent.decisions is None or self.rng.random() >= p.mutation_prob:

@@ -30,6 +30,7 @@ from compiler.tasks import Task
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
+MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class TaskProgress:
     since_improvement: int = 0
     done: bool = False
     why_done: str = ""
+    population: int | None = None  # the next round's; None: the search parameters'
 
     @property
     def gflops(self) -> float:
@@ -80,6 +82,12 @@ class TuneOptions:
     # a task's first round measures the rule-based default schedule too (False: only what the search proposes, as
     # bench.transfer compares searches)
     measure_default: bool = True
+    # Searching a round should take at most this share of the round's time: after each round the task's next
+    # population is scaled by how far its search-to-measure time ratio was from share / (1 - share), between
+    # MIN_POPULATION and the parameters' population. A model's small tasks measure in a fraction of the time their
+    # search takes (ResNet-18 at 2 threads spent 45% of its tuning in search with a fixed population). None keeps
+    # the full population every round, as Ansor does.
+    max_search_share: float | None = 1 / 3
 
 
 class TaskScheduler:
@@ -217,16 +225,18 @@ class TaskScheduler:
         if n <= 0:
             return
         t0 = time.perf_counter()
-        cands = p.policy.next_batch(n - 1 if with_default else n)
+        population = p.population or self.options.params.population
+        cands = p.policy.next_batch(n - 1 if with_default else n, population)
         if with_default:
             state = default_schedule(p.task.dag)
             cands = [Candidate(-1, None, state, program_key(state)), *cands]
-        self.stats.search_s += time.perf_counter() - t0
+        search_s = time.perf_counter() - t0
+        self.stats.search_s += search_s
         if not cands:
             p.done, p.why_done = True, "search space exhausted"
             return
         inputs = [MeasureInput(p.task, c.state.steps, c.trace) for c in cands]
-        t0 = time.perf_counter()
+        t0 = t_measure = time.perf_counter()
         builds = self.builder.build(inputs)
         self.stats.build_s += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -237,6 +247,7 @@ class TaskScheduler:
                 if b.path:
                     Path(b.path).unlink(missing_ok=True)
         self.stats.run_s += time.perf_counter() - t0
+        self._next_population(p, population, search_s, time.perf_counter() - t_measure)
         costs = []
         for inp, res in zip(inputs, results):
             rec = to_record(inp, res, self.target)
@@ -262,6 +273,13 @@ class TaskScheduler:
         self.stats.train_s += time.perf_counter() - t0
         if self.callback:
             self.callback(self)
+
+    def _next_population(self, p: TaskProgress, population: int, search_s: float, measure_s: float) -> None:
+        share = self.options.max_search_share
+        if share is None or search_s <= 0:
+            return
+        want = population * (share / (1 - share)) * measure_s / search_s
+        p.population = int(min(max(want, MIN_POPULATION), self.options.params.population))
 
     # ------------------------------------------------------------------------------------------ reporting
 

@@ -238,3 +238,38 @@ def test_without_the_default_schedule_every_program_comes_from_the_search(builde
     records = list(db)
     assert len(records) == 4 and all(r.trace is not None for r in records)
     assert program_key(default_schedule(DAG)) not in {json.dumps(r.steps, separators=(",", ":")) for r in records}
+
+
+@pytest.mark.parametrize("share", [1 / 3, None])
+def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_population(share, tmp_path):
+    """Measuring here takes no time (a builder and runner that answer at once), so every search costs more than
+    its measurement: the rule gives the next round the smallest population; without the rule it stays full."""
+    from compiler.measure import MeasureResult
+    from compiler.tune import MIN_POPULATION
+
+    class Instant:
+        def build(self, inputs):
+            return [BuildResult(None, None, "", 0.0) for _ in inputs]
+
+        def run(self, inputs, builds):
+            return [MeasureResult((1e-3,), None, "", 0.0, 0.0) for _ in inputs]
+
+    params = SearchParams(population=256, num_iters=1)
+    options = TuneOptions(trials=16, measures_per_round=8, params=params, seed=0, max_search_share=share)
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    populations = []
+    sched = TaskScheduler(
+        [TASK],
+        db,
+        options,
+        model=RandomModel(0),
+        builder=Instant(),
+        runner=Instant(),
+        callback=lambda s: populations.append(s.progress[0].population),
+    )
+    sched.run()
+    assert populations == ([MIN_POPULATION] * 2 if share else [None, None])
+    # a round whose measurement took 10 times its search keeps (or regains) the parameters' population
+    p = sched.progress[0]
+    sched._next_population(p, MIN_POPULATION, search_s=1.0, measure_s=10.0)
+    assert p.population == (256 if share else None)
