@@ -314,24 +314,35 @@ def _regression_loss(y: np.ndarray, w: np.ndarray) -> Loss:
     return grad_hess, lambda s: float(np.sqrt(np.mean((s - y) ** 2)))
 
 
+def _pairs(y: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Programs (hi, lo) of one group with y[hi] > y[lo]: every such pair when a group's pairs number at most
+    MAX_PAIRS in all, else MAX_PAIRS pairs drawn with `rng` (each group in proportion to its pair count). Drawing
+    the indices directly keeps memory linear: a database's 20,000 programs of one workload make 2e8 pairs."""
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    order = np.concatenate(members)
+    sizes = np.array([len(m) for m in members])
+    start = np.cumsum(sizes) - sizes
+    counts = sizes * (sizes - 1) // 2
+    if counts.sum() <= MAX_PAIRS:
+        i, j = zip(*(np.triu_indices(n, k=1) for n in sizes))
+        g = np.repeat(np.arange(len(sizes)), counts)
+        a, b = order[start[g] + np.concatenate(i)], order[start[g] + np.concatenate(j)]
+    else:
+        g = rng.choice(len(sizes), MAX_PAIRS, p=counts / counts.sum())
+        i = rng.integers(0, sizes[g])
+        j = rng.integers(0, sizes[g] - 1)
+        j = j + (j >= i)  # a second program of the same group, never the first
+        a, b = order[start[g] + i], order[start[g] + j]
+    differ = y[a] != y[b]
+    a, b = a[differ], b[differ]
+    up = y[a] > y[b]
+    return np.where(up, a, b), np.where(up, b, a)
+
+
 def _pairwise_loss(y: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> Loss:
-    """Label-gap-weighted logistic loss over pairs of programs of one group whose labels differ (at most MAX_PAIRS
-    of them, drawn with `rng`); gradients and Hessians are scaled per program so their size does not depend on how
-    many pairs there are."""
-    his, los = [], []
-    for g in np.unique(groups):
-        members = np.flatnonzero(groups == g)
-        i, j = np.triu_indices(len(members), k=1)
-        a, b = members[i], members[j]
-        differ = y[a] != y[b]
-        a, b = a[differ], b[differ]
-        up = y[a] > y[b]
-        his.append(np.where(up, a, b))
-        los.append(np.where(up, b, a))
-    hi, lo = np.concatenate(his), np.concatenate(los)
-    if len(hi) > MAX_PAIRS:
-        keep = rng.choice(len(hi), MAX_PAIRS, replace=False)
-        hi, lo = hi[keep], lo[keep]
+    """Label-gap-weighted logistic loss over pairs of programs of one group whose labels differ (`_pairs`); gradients
+    and Hessians are scaled per program so their size does not depend on how many pairs there are."""
+    hi, lo = _pairs(y, groups, rng)
     n = len(y)
     gap = y[hi] - y[lo]
     pw = gap * (n / max(gap.sum(), 1e-12))  # the weights sum to the number of programs

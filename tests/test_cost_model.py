@@ -9,10 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from compiler import te
+from compiler import cost_model, te
 from compiler.codegen import compile_funcs
-from compiler import cost_model
-from compiler.cost_model import RandomModel, XGBModel, _pairwise_loss, normalized_throughput, pairwise_accuracy
+from compiler.cost_model import RandomModel, XGBModel, _pairs, _pairwise_loss, normalized_throughput, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import N_FEATURES, extract
 from compiler.lower import lower
@@ -97,6 +96,20 @@ def test_pairwise_loss_draws_at_most_max_pairs_with_its_seed(monkeypatch):
     a = _pairwise_loss(y, groups, np.random.default_rng(7))[1](s)
     assert a == _pairwise_loss(y, groups, np.random.default_rng(7))[1](s)
     assert a != _pairwise_loss(y, groups, np.random.default_rng(8))[1](s)
+
+
+def test_pairs_are_every_ordered_pair_of_a_group_or_a_draw_of_them(monkeypatch):
+    y = np.array([0.5, 0.9, 0.5, 0.1, 0.7, 0.3])
+    groups = np.array(["a", "b", "a", "a", "b", "b"])
+    hi, lo = _pairs(y, groups, np.random.default_rng(0))
+    # a: 0-3, 2-3 (0-2 tie); b: 1-4, 1-5, 4-5
+    assert sorted(zip(hi.tolist(), lo.tolist())) == [(0, 3), (1, 4), (1, 5), (2, 3), (4, 5)]
+    # one workload of 20,000 programs (2e8 pairs): a draw of MAX_PAIRS, each inside a group and ordered
+    monkeypatch.setattr(cost_model, "MAX_PAIRS", 1000)
+    y = np.random.default_rng(1).uniform(size=20_003)
+    groups = np.array(["big"] * 20_000 + ["small"] * 3)
+    hi, lo = _pairs(y, groups, np.random.default_rng(2))
+    assert 990 <= len(hi) <= 1000 and np.all(y[hi] > y[lo]) and np.all(groups[hi] == groups[lo])
 
 
 def test_an_unknown_objective_is_refused():
