@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from compiler.lower import lower
 from compiler.measure_worker import aligned
 from compiler.passes import CONV_BLOCK, pack_conv_weight
 from compiler.state import State, initial_state
+from compiler.target import Target
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,28 @@ def blas_info() -> str:
         return "threadpoolctl not installed"
 
 
+AVX512_OPENBLAS_CORES = ("SkylakeX", "Cooperlake", "SapphireRapids")  # OpenBLAS's core types with AVX-512 sgemm
+
+
+def fair_openblas_env() -> dict[str, str]:
+    """What a process that times numpy/OpenBLAS on this host needs in its environment, read before OpenBLAS loads.
+
+    OpenBLAS's DYNAMIC_ARCH falls back to its AVX2 Haswell kernels on a CPU it does not know: numpy 2.4's OpenBLAS
+    0.3.31 does on Zen 5 (sgemm 512, 1 thread: 126 GFLOP/s, against 243 with its SkylakeX kernels). On a host with
+    AVX-512 where it did, the reference gets the SkylakeX kernels; a user's own OPENBLAS_CORETYPE is kept."""
+    from threadpoolctl import threadpool_info
+
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return {}
+    archs = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    host = Target.host()
+    if archs and not set(archs) & set(AVX512_OPENBLAS_CORES) and all(
+        host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")
+    ):
+        return {"OPENBLAS_CORETYPE": "SkylakeX"}
+    return {}
+
+
 def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict]) -> None:
     from threadpoolctl import threadpool_limits
 
@@ -218,6 +242,8 @@ def parse_args(argv: list[str] | None, description: str, what: str) -> tuple[arg
 
 def main(argv: list[str] | None = None) -> None:
     args, threads = parse_args(argv, __doc__.splitlines()[0], "workloads")
+    if env := fair_openblas_env():  # OpenBLAS reads it when it loads, so start again with it
+        os.execve(sys.executable, [sys.executable, "-m", "bench.kernels", *sys.argv[1:]], {**os.environ, **env})
     print(f"BLAS: {blas_info()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     rows: list[dict] = []
     for w in WORKLOADS:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import TUNING_WORKLOADS, interleaved, onnx_session
+from bench.kernels import TUNING_WORKLOADS, blas_info, fair_openblas_env, interleaved, onnx_session
 from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 
@@ -52,7 +52,7 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
         systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
     with threadpool_limits(limits=threads, user_api="blas"):
         medians = interleaved(systems, repeat, min_ms=30)
-    return {"medians_s": medians, "max_rel_diff": rel}
+    return {"medians_s": medians, "max_rel_diff": rel, "blas": blas_info()}
 
 
 def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
@@ -81,7 +81,8 @@ def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
 def in_fresh_process(kind: str, name: str, records: Path, threads: int, repeat: int) -> dict:
     """Runs this module's timing in a new interpreter; raises RuntimeError with its stderr if it fails."""
     cmd = [sys.executable, "-m", "bench.timing", kind, name, str(records), "--threads", str(threads)]
-    proc = subprocess.run([*cmd, "--repeat", str(repeat)], capture_output=True, text=True)
+    env = {**os.environ, **fair_openblas_env()}
+    proc = subprocess.run([*cmd, "--repeat", str(repeat)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"timing {name} failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

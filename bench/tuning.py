@@ -93,24 +93,26 @@ def _report_search(sched: TaskScheduler, prior_s: float) -> dict:
 def held_out_accuracy(task: Task, records: list[TuningRecord], first: int = HELD_OUT_AFTER) -> dict | None:
     """Pairwise ranking accuracy of a cost model trained on `first` of the task's measurements and tested on the
     others: "later" trains on the first ones and tests on those measured after them (what the search faces: the
-    later programs crowd near the best, where timing noise decides many pairs); "random" splits at random."""
+    later programs crowd near the best, where timing noise decides many pairs); "random" splits at random. The
+    same for Ansor's regression objective under "regression_later" and "regression_random"."""
     recs = [r for r in records if r.workload_key == task.key]
     if len(recs) <= first + 16:
         return None
     xs = [extract(apply_steps(task.dag, [step_from_record(s) for s in r.steps])) for r in recs]
     costs = [r.mean_cost for r in recs]
 
-    def accuracy(train: list[int], test: list[int]) -> float:
-        model = XGBModel(num_warmup=0)
+    def accuracy(train: list[int], test: list[int], objective: str) -> float:
+        model = XGBModel(num_warmup=0, objective=objective)
         model.update([xs[i] for i in train], [costs[i] for i in train], [task.key] * len(train))
         test = [i for i in test if np.isfinite(costs[i])]
         return pairwise_accuracy(model.predict([xs[i] for i in test]), [costs[i] for i in test])
 
     order = np.random.default_rng(0).permutation(len(recs)).tolist()
-    return {
-        "later": round(accuracy(list(range(first)), list(range(first, len(recs)))), 3),
-        "random": round(accuracy(order[:first], order[first:]), 3),
-    }
+    out = {}
+    for objective, prefix in (("pairwise", ""), ("regression", "regression_")):
+        out[f"{prefix}later"] = round(accuracy(list(range(first)), list(range(first, len(recs))), objective), 3)
+        out[f"{prefix}random"] = round(accuracy(order[:first], order[first:], objective), 3)
+    return out
 
 
 def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
@@ -125,9 +127,13 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
     if acc is not None:
         print(
             f"    cost model pairwise accuracy, trained on {HELD_OUT_AFTER} programs, on the other "
-            f"{len(db) - HELD_OUT_AFTER}: {acc['random']:.3f} (random split), {acc['later']:.3f} (measured later)"
+            f"{len(db) - HELD_OUT_AFTER}: {acc['random']:.3f} (random split), {acc['later']:.3f} (measured later); "
+            f"with Ansor's regression objective {acc['regression_random']:.3f}, {acc['regression_later']:.3f}"
         )
-    medians = in_fresh_process("kernel", w.name, path, threads, args.repeat)["medians_s"]
+    timed = in_fresh_process("kernel", w.name, path, threads, args.repeat)
+    medians = timed["medians_s"]
+    if "numpy-openblas" in medians:
+        print(f"    BLAS in the timing process: {timed['blas']}")
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"
         row = {
