@@ -123,29 +123,27 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
     return lambda: sess.run(None, feed)[0]
 
 
-def calibrate(fn: Callable[[], object], min_ms: float) -> int:
-    """Calls per sample so one sample lasts at least min_ms."""
-    t = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t, 1e-7)
-    return max(1, int(min_ms / 1e3 / once))
-
-
 SETTLE_S = 0.12  # OpenBLAS workers spin ~2^28 cycles after a call; let them sleep before timing the next system
 
 
 def interleaved(systems: dict[str, Callable[[], object]], repeat: int, min_ms: float) -> dict[str, float]:
-    """Median seconds per call of each system, sampling them in turn."""
-    number = {k: calibrate(fn, min_ms) for k, fn in systems.items()}
+    """Median seconds per call of each system, sampling them in turn; a sample is one warm-up call, then calls until
+    min_ms have passed (at least one).
+
+    A sample is bounded by time, not by a call count estimated beforehand: the estimate came from a process's first
+    calls, which are slow (thread pools start, pages fault in: a 2-thread GEMM 512 ran 1-2.6 ms per call for its
+    first ten calls, 0.56 ms after), and the samples it sized lasted a few milliseconds, so one slow call (the first
+    after a pause takes ~2x) decided them."""
     samples: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(repeat):
         for k, fn in systems.items():
             time.sleep(SETTLE_S)
             fn()  # warm this system's caches and wake its threads
-            t = time.perf_counter()
-            for _ in range(number[k]):
+            calls, t = 0, time.perf_counter()
+            while calls == 0 or time.perf_counter() - t < min_ms / 1e3:
                 fn()
-            samples[k].append((time.perf_counter() - t) / number[k])
+                calls += 1
+            samples[k].append((time.perf_counter() - t) / calls)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -163,18 +161,18 @@ AVX512_OPENBLAS_CORES = ("SkylakeX", "Cooperlake", "SapphireRapids")  # OpenBLAS
 
 
 def fair_openblas_env() -> dict[str, str]:
-    """What a process that times numpy/OpenBLAS on this host needs in its environment, read before OpenBLAS loads.
+    """What a process that times numpy/OpenBLAS on this host needs in its environment (read when OpenBLAS loads):
+    OPENBLAS_CORETYPE=SkylakeX where the host has AVX-512 but OpenBLAS runs kernels without it, else nothing.
 
-    OpenBLAS's DYNAMIC_ARCH falls back to its AVX2 Haswell kernels on a CPU it does not know: numpy 2.4's OpenBLAS
-    0.3.31 does on Zen 5 (sgemm 512, 1 thread: 126 GFLOP/s, against 243 with its SkylakeX kernels). On a host with
-    AVX-512 where it did, the reference gets the SkylakeX kernels; a user's own OPENBLAS_CORETYPE is kept."""
+    OpenBLAS's DYNAMIC_ARCH falls back to its AVX2 Haswell kernels on a CPU it does not know, and some machines pin
+    OPENBLAS_CORETYPE=Haswell in their environment (this workplace's do). On Zen 5, with its full-width AVX-512,
+    that halves the reference: sgemm 512 at 1 thread 126 GFLOP/s, 243 with the SkylakeX kernels. A reference must
+    be the best the library does on the host, so the benchmarks override it and print the core type they timed."""
     from threadpoolctl import threadpool_info
 
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return {}
-    archs = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    archs = {i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"}
     host = Target.host()
-    if archs and not set(archs) & set(AVX512_OPENBLAS_CORES) and all(
+    if archs and not archs & set(AVX512_OPENBLAS_CORES) and all(
         host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")
     ):
         return {"OPENBLAS_CORETYPE": "SkylakeX"}

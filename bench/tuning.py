@@ -148,12 +148,17 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
         if tuned:
             row.update(extra, pairwise_accuracy=acc)
         rows.append(row)
-        print(f"    {system:15s} {row['median_ms']:9.3f} ms {row['gflops']:8.1f} GFLOP/s")
+        gflops = f"{row['gflops']:8.1f} GFLOP/s"
+        print(f"    {system:15s} {row['median_ms']:9.3f} ms {gflops}  ({_per_process(timed, system)})")
     for ref in ("numpy-openblas", "onnxruntime"):
         if ref in medians:
             print(f"    tuned / {ref}: speed ratio {medians[ref] / medians['tilefarm-tuned']:.2f}")
     if args.with_tvm:
         _tvm(w.name, threads, args.trials, rows)
+
+
+def _per_process(timed: dict, system: str) -> str:
+    return "processes: " + " / ".join(f"{r[system] * 1e3:.3f}" for r in timed["runs"])
 
 
 def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:
@@ -206,7 +211,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
         if tuned:
             row.update(extra)
         rows.append(row)
-        print(f"    {system:17s} {row['median_ms']:9.3f} ms")
+        print(f"    {system:17s} {row['median_ms']:9.3f} ms  ({_per_process(timed, system)})")
     print(
         f"    tuned / onnxruntime: speed ratio {medians['onnxruntime'] / medians['tilefarm-tuned']:.2f} "
         f"(max rel diff vs onnxruntime {rel:.1e})"
