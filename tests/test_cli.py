@@ -80,7 +80,7 @@ def test_compile_inspect_run_an_onnx_model(tmp_path, capsys):
     assert main(["compile", str(model), "--input-shapes", "x:[3,3,8,8]", "-o", str(art)]) == 0
     assert main(["run", str(art), "-o", str(out), "--repeat", "3", "--profile"]) == 0
     text = capsys.readouterr().out
-    assert "median latency" in text and "tf_fused_conv_relu" in text
+    assert "median latency" in text and "tf_fused_conv_relu" in text and "all kernels" in text
     assert np.load(out)["probs"].shape == (3, 10)
 
 
