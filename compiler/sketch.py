@@ -142,9 +142,16 @@ def consumer_view(state: State, producer: str, consumer: str) -> ConsumerView | 
         return ConsumerView((), tuple(a.name for a in c.axes)) if c.shape == p.shape else None
     extent = {a.name: a.extent for a in c.axes}
     pieces: list[tuple[str, str, int]] = []  # per producer axis: (consumer axis, "own" | "outer" | "inner", k)
+    # an axis of extent 1 may be read at index 0 (inlining a broadcast gives that): it pairs with a consumer axis of
+    # extent 1 that nothing else reads, in order
+    read = {v.name for i in loads[0].indices for v in te.walk(i) if isinstance(v, te.Var)}
+    spare_units = [a for a, n in extent.items() if n == 1 and a not in read]
     for index, size in zip(loads[0].indices, p.shape):
         if isinstance(index, te.Var) and extent.get(index.name) == size:
             pieces.append((index.name, "own", 0))
+            continue
+        if size == 1 and isinstance(index, te.Const) and index.value == 0 and spare_units:
+            pieces.append((spare_units.pop(0), "own", 0))
             continue
         if not (
             isinstance(index, te.Binary)
@@ -222,14 +229,27 @@ class Rule:
         raise NotImplementedError
 
 
+def view_copy(state: State, name: str) -> bool:
+    """The stage only reads one producer at a blocked view of its own index (a blocked conv's result put back in
+    NCHW: conv_nchw[n, f, y, x] = conv[n, f // 16, y, x, f % 16]). Ansor's inlining predicate refuses it (its index
+    is not the stage's own), but inlining it adds no arithmetic beyond the index and lets the producer fuse into
+    the stage's consumers through the view: a conv's bias, residual add and ReLU then run on its accumulator tile
+    instead of in a second (and for the 7x7 stem conv, scalar) pass over the whole output. ResNet-18 at 2 threads
+    on Zen 5, 3,000 trials each: its kernels alone sum to 7.82 ms against 8.04, the artifact 1-3% faster."""
+    op = state.stage(name).op
+    if not isinstance(op.body, te.Load) or op.reduce_axes:
+        return False
+    return consumer_view(state, op.body.buffer, name) is not None
+
+
 class AlwaysInline(Rule):
     name = "inline"
 
     def condition(self, p, cores):
         op = _op(p)
-        if p.state.dag.is_output(op.name) or op.name.endswith((".local", ".pack")) or not strictly_inlinable(op):
+        if p.state.dag.is_output(op.name) or op.name.endswith((".local", ".pack")):
             return PASS
-        return APPLY_AND_SKIP
+        return APPLY_AND_SKIP if strictly_inlinable(op) or view_copy(p.state, op.name) else PASS
 
     def apply(self, p, cores):
         q = replace(p, state=p.state.compute_inline(_name(p)), fixed=p.fixed | {_name(p)})
@@ -460,6 +480,7 @@ __all__ = [
     "fusible_consumer",
     "consumer_view",
     "ConsumerView",
+    "view_copy",
     "needs_rfactor",
     "RULES",
     "TILE_STRUCTURE",

@@ -501,6 +501,30 @@ def test_a_blocked_conv_fuses_into_its_nchw_copy_through_the_blocked_view():
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_blocked_conv_fuses_through_its_inlined_nchw_copy_into_bias_add_relu():
+    # the copy is inlined (a blocked view adds only index arithmetic), so the conv's accumulator tile feeds the bias,
+    # the residual add and the ReLU directly: no whole NCHW copy and no second pass over the output. The add reads
+    # axes of extent 1 at index 0, as broadcasting converters build it.
+    data = te.placeholder((1, 32, 14, 14), name="data")
+    weight = te.placeholder((2, 32, 3, 3, 16), name="weight")
+    bias, res = te.placeholder((32,), name="bias"), te.placeholder((1, 32, 14, 14), name="res")
+    conv = ops.conv2d_nchw_blocked(data, weight, padding=1, name="conv")
+    added = te.compute(conv.shape, lambda n, f, y, x: conv[0, f, y, x] + bias[f] + res[0, f, y, x], name="add")
+    dag = ComputeDAG([data, weight, bias, res, ops.relu(added, name="relu")])
+    sk = generate_sketches(dag, TARGET, pack=False)
+    fused = ("inline(add)", "inline(conv_nchw)")
+    assert [s.rules for s in sk] == [(*fused, r) for r in ("tile+fuse(conv, L1)", "tile+fuse(conv, L2)", "tile(conv)")]
+    assert attach(sk[0], "conv") == ("relu", "i1.1.0") and attach(sk[0], "conv_nchw") == "inline"
+    rng = np.random.default_rng(6)
+    x, r, w, b = (rng.standard_normal(s).astype(np.float32) for s in (data.shape, res.shape, (32, 32, 3, 3), 32))
+    want = np.maximum(reference_conv2d(x, w, padding=1) + b[:, None, None] + r, 0)
+    for k in range(6):
+        s = sk[k % 3]
+        out = np.full((1, 32, 14, 14), np.nan, np.float32)
+        compile_funcs([lower(materialize(s, sample(s, rng, CORES)))])["kernel"](x, pack_conv_weight(w), b, r, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 def test_consumer_view_refuses_reads_that_are_not_one_element_per_element():
     x = te.placeholder((4, 32), name="x")
     y = te.compute((4, 32), lambda i, j: x[i, j] * 2.0, name="y")
