@@ -105,25 +105,20 @@ class Artifact:
             fn = getattr(self._lib, call["kernel"])
             fn.restype, fn.argtypes = None, [ctypes.c_void_p] * len(ptrs)
             calls.append((fn, ptrs))
-        in_run: list[list[float]] = [[] for _ in calls]
-        for _ in range(repeat):
-            for times, (fn, ptrs) in zip(in_run, calls):
-                t = time.perf_counter()
-                fn(*ptrs)
-                times.append(time.perf_counter() - t)
-        rows = []
-        for call, (fn, ptrs), run_times in zip(self.meta["calls"], calls, in_run):
-            times = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                fn(*ptrs)
-                times.append(time.perf_counter() - t)
-            rows.append(
-                {
-                    "kernel": call["kernel"],
-                    "task": call["task"],
-                    "seconds": float(np.median(times)),
-                    "in_run": float(np.median(run_times)),
-                }
-            )
-        return rows
+        in_run = np.array([[_seconds(fn, ptrs) for fn, ptrs in calls] for _ in range(repeat)])
+        return [
+            {
+                "kernel": call["kernel"],
+                "task": call["task"],
+                "seconds": float(np.median([_seconds(fn, ptrs) for _ in range(repeat)])),
+                "in_run": float(np.median(in_run[:, k])),
+            }
+            for k, (call, (fn, ptrs)) in enumerate(zip(self.meta["calls"], calls))
+        ]
+
+
+def _seconds(fn, ptrs: list[int]) -> float:
+    """Wall time of one call."""
+    t = time.perf_counter()
+    fn(*ptrs)
+    return time.perf_counter() - t

@@ -144,7 +144,7 @@ def consumer_view(state: State, producer: str, consumer: str) -> ConsumerView | 
     pieces: list[tuple[str, str, int]] = []  # per producer axis: (consumer axis, "own" | "outer" | "inner", k)
     # an axis of extent 1 may be read at index 0 (inlining a broadcast gives that): it pairs with a consumer axis of
     # extent 1 that nothing else reads, in order
-    read = {v.name for i in loads[0].indices for v in te.walk(i) if isinstance(v, te.Var)}
+    read = set().union(*(te.free_vars(i) for i in loads[0].indices))
     spare_units = [a for a, n in extent.items() if n == 1 and a not in read]
     for index, size in zip(loads[0].indices, p.shape):
         if isinstance(index, te.Var) and extent.get(index.name) == size:
