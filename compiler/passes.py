@@ -20,7 +20,7 @@ _UNARY = (
     " Sign Not Cast Clip Elu Selu Softplus Sin Cos Identity Dropout"
 )
 _BINARY = "Add Sub Mul Div Pow Max Min Equal Less Greater LessOrEqual GreaterOrEqual Where And Or Mod PRelu Sum Mean"
-_INJECTIVE = "Reshape Flatten Transpose Concat Split Slice Squeeze Unsqueeze Gather Expand Tile Pad Resize"
+_INJECTIVE = "NCHWcToNCHW Reshape Flatten Transpose Concat Split Slice Squeeze Unsqueeze Gather Expand Tile Pad Resize"
 _REDUCE = "ReduceMean ReduceSum ReduceMax ReduceMin"
 _ANCHOR = "Conv BlockedConv ConvTranspose MatMul Gemm Dense MaxPool AveragePool GlobalAveragePool GlobalMaxPool"
 PATTERNS: dict[str, int] = {
@@ -154,11 +154,18 @@ def block_conv_weights(g: Graph) -> Graph:
     return Graph(g.inputs, g.outputs, nodes, g.name)
 
 
+def _propagate_nchwc(g: Graph) -> Graph:
+    from compiler.layout import propagate_nchwc  # layout builds on this module's op patterns
+
+    return propagate_nchwc(g)
+
+
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("remove_identity", remove_identity),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
     ("block_conv_weights", block_conv_weights),
+    ("propagate_nchwc", _propagate_nchwc),
 ]
 
 

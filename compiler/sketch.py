@@ -295,6 +295,41 @@ class AddRfactor(Rule):
         return out
 
 
+def lane_axis_reduction(op: Op) -> bool:
+    """A reduction without data reuse (a pool, not a conv) whose innermost output axis is also the innermost index
+    of everything it reads, at stride 1: an NCHWc pool's channel lanes."""
+    if not op.reduce_axes or needs_multi_level_tiling(op) or not op.axes or op.axes[-1].extent < 4:
+        return False
+    lane = op.axes[-1].name
+    loads = te.loads(op.body)
+    return bool(loads) and all(
+        ld.indices and isinstance(ld.indices[-1], te.Var) and ld.indices[-1].name == lane for ld in loads
+    )
+
+
+class ReduceOutsideLanes(Rule):
+    """tilefarm's addition for NCHWc pooling: move the reduction loops outside the innermost output axis, so each
+    window step is one vector load per lane block and the running max (or sum) stays in vector registers. Ansor's
+    CPU rules would rfactor the 3x3 window or leave the reduction innermost, and the lane axis then never
+    vectorizes."""
+
+    name = "lanes"
+
+    def condition(self, p, cores):
+        op = _op(p)
+        if _has_cache_write(p) or op.name.endswith(".rf") or not lane_axis_reduction(op):
+            return PASS
+        return APPLY_AND_SKIP
+
+    def apply(self, p, cores):
+        name = _name(p)
+        iters = p.state.stage(name).iters
+        spatial = [it.name for it in iters if it.kind == "spatial"]
+        order = spatial[:-1] + [it.name for it in iters if it.kind == "reduce"] + spatial[-1:]
+        q = replace(p, state=p.state.reorder(p.state.stage_id(name), order), fixed=p.fixed | {name})
+        return [_advance(q, self.name)]
+
+
 class AddCacheReadPack(Rule):
     """tilefarm's addition to Ansor's CPU rules: before a stage is tiled into its consumer, optionally copy the
     input it walks along its innermost output axis (B of C = A·B) into a `.pack` stage. Annotation then places the
@@ -388,6 +423,7 @@ class SkipStage(Rule):
 
 RULES: tuple[Rule, ...] = (
     AlwaysInline(),
+    ReduceOutsideLanes(),
     AddRfactor(),
     AddCacheReadPack(),
     AddCacheWrite(),

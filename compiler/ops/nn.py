@@ -57,14 +57,16 @@ def pad(
 
 def _window(op: str, data: te.Tensor, kernel: tuple[int, int], stride: Pair, padding: Pair, dilation: Pair, name: str):
     """A 2-D convolution's padded input (its own stage, as in TVM, so the scheduler decides whether to inline it),
-    output extents, strides and dilations."""
+    output extents, strides and dilations. `data` is NCHW, or NCHWc (5-D, channel lanes last, never padded)."""
     sh, sw = _pair(op, "stride", stride, 1)
     dh, dw = _pair(op, "dilation", dilation, 1)
     pt, pl, pb, pr = _padding(op, padding)
-    (H, W), (KH, KW) = data.shape[2:], kernel
+    (H, W), (KH, KW) = data.shape[2:4], kernel
     OH = _out_extent(op, "height", H, pt + pb, KH, dh, sh)
     OW = _out_extent(op, "width", W, pl + pr, KW, dw, sw)
-    src = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad") if pt or pl or pb or pr else data
+    lanes = (0,) * (data.ndim - 4)
+    padded = pt or pl or pb or pr
+    src = pad(data, (0, 0, pt, pl, *lanes), (0, 0, pb, pr, *lanes), name=f"{name}_pad") if padded else data
     return src, (OH, OW), (sh, sw), (dh, dw)
 
 
@@ -133,32 +135,72 @@ def conv2d_nchw_blocked(
     padding: Pair = 0,
     dilation: Pair = 1,
     name: str = "conv2d",
+    out_blocked: bool = False,
 ) -> te.Tensor:
     """conv2d_nchw (groups 1) with the weight laid out F/b x C x KH x KW x b: b output channels innermost, as the
     `block_conv_weights` pass packs it once at compile time. The reduction computes N x F/b x OH x OW x b, so its
     innermost axis is b channels that vector loads of the weight serve whatever the image width (a 7-wide row fills
-    a vector only partly); a copy puts the result back in NCHW (onnxruntime's NCHWc idea inside one kernel)."""
+    a vector only partly): onnxruntime's NCHWc idea.
+
+    `data` is NCHW (N x C x H x W) or already blocked NCHWc (N x C/b x H x W x b, 5-D): then the channel reduction
+    is split into blocks rco and lanes rci, so a block of input channels is read contiguously. With `out_blocked`
+    the result stays NCHWc (the `propagate_nchwc` pass passes it to the next conv that way); otherwise a copy puts
+    it back in NCHW, which the scheduler inlines into the conv's consumer."""
     op = "conv2d_nchw_blocked"
-    _rank(op, data, 4, "data")
     _rank(op, weight, 5, "weight")
     _same_dtype(op, data, weight)
-    (N, C), (Fb, Cw, KH, KW, b) = data.shape[:2], weight.shape
+    (Fb, Cw, KH, KW, b) = weight.shape
+    if data.ndim == 5:
+        N, C = data.shape[0], data.shape[1] * data.shape[4]
+    else:
+        _rank(op, data, 4, "data")
+        N, C = data.shape[:2]
     if Cw != C:
         raise InvalidExpr(f"{op}: weight {_dims(weight)} has {Cw} input channels, but data {_dims(data)} has {C}")
     src, (OH, OW), (sh, sw), (dh, dw) = _window(op, data, (KH, KW), stride, padding, dilation, name)
-    rc, ry, rx = te.reduce_axis(C, "rc"), te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
-    blocked = te.compute(
-        (N, Fb, OH, OW, b),
-        lambda n, fo, y, x, fi: te.sum(
-            src[n, rc, _scale(y, sh) + _scale(ry, dh), _scale(x, sw) + _scale(rx, dw)] * weight[fo, rc, ry, rx, fi],
-            axis=[rc, ry, rx],
-        ),
-        name=name,
-        tag="conv2d_nchw_blocked",
-    )
-    return te.compute(
-        (N, Fb * b, OH, OW), lambda n, f, y, x: blocked[n, f // b, y, x, f % b], name=f"{name}_nchw", tag="injective"
-    )
+    ry, rx = te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
+
+    def at(y, x):
+        return _scale(y, sh) + _scale(ry, dh), _scale(x, sw) + _scale(rx, dw)
+
+    if data.ndim == 5:
+        cb = data.shape[4]
+        rco, rci = te.reduce_axis(C // cb, "rco"), te.reduce_axis(cb, "rci")
+
+        def body(n, fo, y, x, fi):
+            return te.sum(
+                src[(n, rco, *at(y, x), rci)] * weight[fo, rco * cb + rci, ry, rx, fi], axis=[rco, ry, rx, rci]
+            )
+
+    else:
+        rc = te.reduce_axis(C, "rc")
+
+        def body(n, fo, y, x, fi):
+            return te.sum(src[(n, rc, *at(y, x))] * weight[fo, rc, ry, rx, fi], axis=[rc, ry, rx])
+
+    blocked = te.compute((N, Fb, OH, OW, b), body, name=name, tag="conv2d_nchw_blocked")
+    if out_blocked:
+        return blocked
+    return nchwc_to_nchw(blocked, name=f"{name}_nchw")
+
+
+def nchwc_to_nchw(data: te.Tensor, name: str = "nchw") -> te.Tensor:
+    """An N x C/b x H x W x b (NCHWc) tensor put back in NCHW: a pure re-indexing."""
+    _rank("nchwc_to_nchw", data, 5, "input")
+    N, Cb, H, W, b = data.shape
+    return te.compute((N, Cb * b, H, W), lambda n, f, y, x: data[n, f // b, y, x, f % b], name=name, tag="injective")
+
+
+def bias_add_nchwc(x: te.Tensor, bias: te.Tensor, name: str = "bias_add") -> te.Tensor:
+    """x[n, co, ..., ci] + bias[co * b + ci] for an NCHWc x (channel blocks on axis 1, lanes last)."""
+    _same_dtype("bias_add_nchwc", x, bias)
+    b = x.shape[-1]
+    if bias.shape != (x.shape[1] * b,):
+        raise InvalidExpr(
+            f"bias_add_nchwc: bias {bias.name} must have shape ({x.shape[1] * b},) to match the channels of"
+            f" {x.name} ({_dims(x)}, NCHWc), got {_dims(bias)}"
+        )
+    return te.compute(x.shape, lambda *i: x[i] + bias[i[1] * b + i[-1]], name=name, tag="broadcast")
 
 
 def bias_add_nchw(x: te.Tensor, bias: te.Tensor, name: str = "bias_add") -> te.Tensor:
@@ -324,14 +366,27 @@ def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's BlockedConv (made by passes from a 2-D Conv with a constant weight): Conv's inputs and attributes,
-    the weight packed F/b x C x KH x KW x b."""
+    the weight packed F/b x C x KH x KW x b; `data_layout` / `out_layout` ("NCHW" or "NCHWc") say whether the data
+    comes and the result goes blocked (the `propagate_nchwc` pass sets them)."""
     x, w = _input("BlockedConv", ins, 0, "X"), _input("BlockedConv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
     _dtype_in("BlockedConv", x, FLOATS)
+    if x.ndim != (5 if attrs.get("data_layout") == "NCHWc" else 4):
+        raise InvalidExpr(f"BlockedConv: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}")
+    out_blocked = attrs.get("out_layout") == "NCHWc"
     strides, pads = attrs.get("strides") or (1, 1), attrs.get("pads") or (0, 0, 0, 0)
     conv_name = name if bias is None else f"{name}_conv"
-    out = conv2d_nchw_blocked(x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name)
-    return [_with_bias(out, bias, name)]
+    out = conv2d_nchw_blocked(
+        x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name, out_blocked=out_blocked
+    )
+    if bias is None:
+        return [out]
+    return [bias_add_nchwc(out, bias, name=name) if out_blocked else bias_add_nchw(out, bias, name=name)]
+
+
+def nchwc_to_nchw_op(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """tilefarm's NCHWcToNCHW (made by `propagate_nchwc` where a blocked value meets an op that wants NCHW)."""
+    return [nchwc_to_nchw(_input("NCHWcToNCHW", ins, 0, "X"), name=name)]
 
 
 def _upsample_source(i: te.Expr, before: int, n: int, stride: int) -> tuple[te.Expr, list[te.Expr]]:
@@ -386,9 +441,15 @@ def conv_transpose(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [_with_bias(conv_out, bias, name)]
 
 
+def _lanes(attrs: dict) -> int:
+    """1 when a pool's data is NCHWc (attribute layout="NCHWc", set by `propagate_nchwc`), else 0."""
+    return 1 if attrs.get("layout") == "NCHWc" else 0
+
+
 def _pool_geometry(op: str, x: te.Tensor, attrs: dict):
-    """Per spatial dim: (input size, pad before, pad after, kernel, stride, dilation, output size)."""
-    sp = x.ndim - 2
+    """Per spatial dim: (input size, pad before, pad after, kernel, stride, dilation, output size). With
+    layout "NCHWc" the last axis of `x` holds channel lanes and is not spatial."""
+    sp = x.ndim - 2 - _lanes(attrs)
     if sp < 1:
         raise InvalidExpr(f"{op}: input {x.name} must be N x C x spatial..., got {_dims(x)}")
     kernel = list(attrs["kernel_shape"])
@@ -411,17 +472,20 @@ def _pool_geometry(op: str, x: te.Tensor, attrs: dict):
 
 
 def _window_stage(x, dims, fill, reducer, name):
-    """reducer over each window of `x` padded with `fill` (also past the end, where ceil_mode windows reach)."""
-    before = [0, 0] + [b for _, b, _, _, _, _, _ in dims]
-    after = [0, 0] + [max(e, (o - 1) * s + (k - 1) * dl + 1 - n - b) for n, b, e, k, s, dl, o in dims]
+    """reducer over each window of `x` padded with `fill` (also past the end, where ceil_mode windows reach); axes
+    of `x` after the spatial ones (NCHWc's lanes) are carried along."""
+    lanes = x.ndim - 2 - len(dims)
+    before = [0, 0] + [b for _, b, _, _, _, _, _ in dims] + [0] * lanes
+    after = [0, 0] + [max(e, (o - 1) * s + (k - 1) * dl + 1 - n - b) for n, b, e, k, s, dl, o in dims] + [0] * lanes
     src = pad(x, before, after, value=fill, name=f"{name}_pad") if any(before + after) else x
     rs = [te.reduce_axis(k, f"r{d}") for d, (_, _, _, k, _, _, _) in enumerate(dims)]
 
-    def body(n, c, *o):
+    def body(n, c, *rest):
+        o, tail = rest[: len(dims)], rest[len(dims) :]
         idx = tuple(_scale(v, s) + _scale(r, dl) for v, r, (_, _, _, _, s, dl, _) in zip(o, rs, dims))
-        return reducer(src[(n, c) + idx], axis=rs)
+        return reducer(src[(n, c, *idx, *tail)], axis=rs)
 
-    shape = x.shape[:2] + tuple(o for *_, o in dims)
+    shape = x.shape[:2] + tuple(o for *_, o in dims) + x.shape[x.ndim - lanes :]
     return te.compute(shape, body, name=name, tag="pool")
 
 
@@ -455,11 +519,11 @@ def average_pool(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         lo, hi = (-b, n + e) if include_pad else (0, n)
         return -b >= lo and (o - 1) * s - b + (k - 1) * dl < hi
 
-    def body(nn, c, *o):
+    def body(nn, c, *rest):
         count = 1
-        for v, g in zip(o, dims):
+        for v, g in zip(rest, dims):
             count = count * g[3] if full(*g) else _window_count(v, *g[:6], include_pad) * count
-        return total[(nn, c) + o] / (float(count) if isinstance(count, int) else te.cast(x.dtype, count))
+        return total[(nn, c, *rest)] / (float(count) if isinstance(count, int) else te.cast(x.dtype, count))
 
     return [te.compute(total.shape, body, name=name, tag="elemwise")]
 
@@ -467,6 +531,7 @@ def average_pool(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 NN_OPS = {
     "Conv": conv,
     "BlockedConv": blocked_conv,
+    "NCHWcToNCHW": nchwc_to_nchw_op,
     "ConvTranspose": conv_transpose,
     "MaxPool": max_pool,
     "AveragePool": average_pool,

@@ -189,14 +189,16 @@ def arg_reduce(op: str):
 
 
 def global_pool(op: str):
-    """GlobalAveragePool / GlobalMaxPool: reduce every spatial dim (2 onward), keeping them as size 1."""
+    """GlobalAveragePool / GlobalMaxPool: reduce every spatial dim (2 onward), keeping them as size 1. With
+    layout "NCHWc" (set by `propagate_nchwc`) the last axis holds channel lanes and is kept."""
 
     def build(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         x = _input(op, ins, 0, "X")
         _dtype_in(op, x, FLOATS)
-        if x.ndim < 3:
+        lanes = 1 if attrs.get("layout") == "NCHWc" else 0
+        if x.ndim < 3 + lanes:
             raise InvalidExpr(f"{op}: input {x.name} must be N x C x spatial..., got {x.ndim}-D")
-        axes = list(range(2, x.ndim))
+        axes = list(range(2, x.ndim - lanes))
         if op == "GlobalMaxPool":
             return [reduce_over(x, axes, True, te.max, lambda v, o: v, name)]
         total = reduce_over(x, axes, True, te.sum, lambda v, o: v, f"{name}_sum")

@@ -1,0 +1,128 @@
+"""Layout propagation: convolution networks keep their activations in NCHWc between layers.
+
+`block_conv_weights` makes every eligible conv compute N x F/b x OH x OW x b (b = CONV_BLOCK channel lanes
+innermost) and copy the result back to NCHW. Between two such convs that copy is undone again: the next conv reads
+one input channel at a time from 16 planes apart, and each NCHW store of a 16-channel accumulator touches 16 cache
+lines. `propagate_nchwc` keeps such values blocked (onnxruntime's NCHWc transformer does the same):
+
+- a BlockedConv writes its result NCHWc when something downstream wants it so, and reads NCHWc data when its
+  producer wrote it so (its `data_layout` / `out_layout` attributes);
+- elementwise ops, same-shape binary ops (scalar constants allowed) and pools pass the layout through (pools get
+  `layout="NCHWc"`), so a conv + bias + residual add + ReLU task and a max pool vectorize over the lanes;
+- wherever a blocked value meets anything else (a Flatten, a depthwise conv, a graph output), an `NCHWcToNCHW`
+  node puts it back once; it is injective, so fusion folds it into what reads it where it can.
+
+A value is kept blocked only when some reader gains from it: a BlockedConv, a global pool (whose output is tiny to
+convert), or a pass-through op whose own output is kept blocked. So a conv whose only reader wants NCHW still
+writes NCHW from its accumulators, as before, and no conversion is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from compiler.graph import Graph, Node, TensorType, Value, toposort
+from compiler.passes import CONV_BLOCK, ELEMWISE, pattern
+
+NCHWC = "NCHWc"
+_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
+_POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+_GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool"}
+_FLOATS = {"float32", "float64", "float16"}
+
+
+def _blockable_shape(v: Value) -> bool:
+    return len(v.shape) == 4 and v.shape[1] % CONV_BLOCK == 0 and v.dtype in _FLOATS
+
+
+def _is_scalar_const(v: Value | None) -> bool:
+    return v is not None and v.const is not None and v.const.size == 1
+
+
+def _passes_through(n: Node) -> bool:
+    """Ops that compute the same thing on NCHWc data as on NCHW data, given the layout."""
+    if n.op in _BINARY or n.op in _POOLS:
+        return True
+    return pattern(n) == ELEMWISE and len(n.outputs) == 1 and all(v is None for v in n.inputs[1:])
+
+
+def _can_block(n: Node, can: set[int]) -> bool:
+    """Whether n could write its (single) output NCHWc, given which values could be NCHWc (`can`)."""
+    out = n.outputs[0]
+    if len(n.outputs) != 1 or not _blockable_shape(out):
+        return False
+    if n.op == "BlockedConv":
+        return True
+    if not _passes_through(n):
+        return False
+    data = [v for v in n.inputs if v is not None and not _is_scalar_const(v)]
+    if n.op in _POOLS:
+        return len(data) == 1 and id(data[0]) in can
+    # same-shape operands only: a broadcast operand (a per-channel constant, say) would need its own re-layout
+    return bool(data) and all(id(v) in can and v.shape == out.shape for v in data)
+
+
+def _blocked_type(v: Value) -> TensorType:
+    n, c, h, w = v.shape
+    return TensorType((n, c // CONV_BLOCK, h, w, CONV_BLOCK), v.dtype)
+
+
+def propagate_nchwc(g: Graph) -> Graph:
+    """Keep activations between blocked convs in NCHWc (see the module docstring)."""
+    can: set[int] = set()
+    for n in g.nodes:
+        if _can_block(n, can):
+            can.add(id(n.outputs[0]))
+    wanted: set[int] = set()  # values worth writing NCHWc: a subset of `can`, decided from the readers backwards
+    for n in reversed(g.nodes):
+        if n.op == "BlockedConv":
+            readers_want = n.inputs[:1]
+        elif n.op in _GLOBAL_POOLS or id(n.outputs[0]) in wanted:
+            readers_want = n.inputs
+        else:
+            continue
+        wanted.update(id(v) for v in readers_want if v is not None and id(v) in can)
+    # a global pool that reads NCHWc writes NCHWc too: converting its C values back costs nothing
+    wanted.update(id(n.outputs[0]) for n in g.nodes if n.op in _GLOBAL_POOLS and id(n.inputs[0]) in wanted)
+    wanted &= can
+    if not wanted:
+        return g
+
+    blocked: dict[int, Value] = {}  # id(original value) -> its NCHWc twin
+    produced_plain: set[int] = set()
+    nodes: list[Node] = []
+
+    def plain(v: Value | None) -> Value | None:
+        """v as NCHW: the original value, converted back from its NCHWc twin the first time it is needed."""
+        if v is None or id(v) not in blocked or id(v) in produced_plain:
+            return v
+        nodes.append(Node("NCHWcToNCHW", (blocked[id(v)],), (v,), {}, f"{v.name}_to_nchw"))
+        produced_plain.add(id(v))
+        return v
+
+    for n in g.nodes:
+        out = n.outputs[0]
+        block_out = id(out) in wanted
+        if n.op == "BlockedConv":
+            attrs, x = dict(n.attrs), n.inputs[0]
+            if x is not None and id(x) in blocked:
+                attrs["data_layout"], x = NCHWC, blocked[id(x)]
+            outs = n.outputs
+            if block_out:
+                attrs["out_layout"] = NCHWC
+                outs = (_twin(out, blocked),)
+            nodes.append(replace(n, inputs=(x, *n.inputs[1:]), outputs=outs, attrs=attrs))
+        elif block_out:
+            ins = tuple(blocked[id(v)] if v is not None and id(v) in blocked else v for v in n.inputs)
+            attrs = {**n.attrs, "layout": NCHWC} if n.op in _POOLS else n.attrs
+            nodes.append(replace(n, inputs=ins, outputs=(_twin(out, blocked),), attrs=attrs))
+        else:
+            nodes.append(replace(n, inputs=tuple(plain(v) for v in n.inputs)))
+    outputs = [plain(v) for v in g.outputs]
+    return Graph(g.inputs, outputs, toposort(nodes), g.name)
+
+
+def _twin(v: Value, blocked: dict[int, Value]) -> Value:
+    twin = Value(f"{v.name}_nchwc", _blocked_type(v))
+    blocked[id(v)] = twin
+    return twin

@@ -1,0 +1,169 @@
+"""NCHWc layout propagation: which values stay blocked, where conversions go, and that numerics do not change."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler import ops, te
+from compiler.annotate import materialize, sample
+from compiler.build import run_in_process
+from compiler.codegen import compile_funcs
+from compiler.dag import ComputeDAG
+from compiler.lower import lower
+from compiler.onnx_frontend import load
+from compiler.passes import CONV_BLOCK, fuse, optimize
+from compiler.sketch import generate_sketches
+from compiler.target import Target
+
+B = CONV_BLOCK
+
+
+def _model(nodes, inits, out_shape, in_shape=(1, 3, 16, 16)) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _conv(name, x, out, cin, cout, rng, inits, k=3, stride=1):
+    inits[f"{name}_w"] = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    inits[f"{name}_b"] = rng.standard_normal(cout).astype(np.float32)
+    p = k // 2
+    return helper.make_node(
+        "Conv", [x, f"{name}_w", f"{name}_b"], [out], kernel_shape=[k, k], pads=[p] * 4, strides=[stride] * 2
+    )
+
+
+def residual_net(rng) -> onnx.ModelProto:
+    """stem conv + ReLU, max pool, a residual block with a strided 1x1 shortcut, global pool, flatten."""
+    c1, c2, inits = 2 * B, 3 * B, {}
+    nodes = [
+        _conv("stem", "x", "s", 3, c1, rng, inits),
+        helper.make_node("Relu", ["s"], ["s_r"]),
+        helper.make_node("MaxPool", ["s_r"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+        _conv("a", "p", "a", c1, c2, rng, inits, stride=2),
+        helper.make_node("Relu", ["a"], ["a_r"]),
+        _conv("b", "a_r", "b", c2, c2, rng, inits),
+        _conv("short", "p", "sc", c1, c2, rng, inits, k=1, stride=2),
+        helper.make_node("Add", ["b", "sc"], ["sum"]),
+        helper.make_node("Relu", ["sum"], ["sum_r"]),
+        helper.make_node("GlobalAveragePool", ["sum_r"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["y"]),
+    ]
+    return _model(nodes, inits, (1, c2))
+
+
+def _ort(model, x):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def test_activations_between_convs_stay_blocked_and_are_converted_once_at_the_end():
+    rng = np.random.default_rng(0)
+    model = residual_net(rng)
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    by_op = {}
+    for n in g.nodes:
+        by_op.setdefault(n.op, []).append(n)
+    convs = by_op["BlockedConv"]
+    assert all(n.attrs.get("out_layout") == "NCHWc" for n in convs)
+    # the stem reads the 3-channel NCHW input; every later conv reads NCHWc data
+    assert [n.attrs.get("data_layout", "NCHW") for n in convs] == ["NCHW", "NCHWc", "NCHWc", "NCHWc"]
+    assert by_op["MaxPool"][0].attrs["layout"] == "NCHWc" and by_op["GlobalAveragePool"][0].attrs["layout"] == "NCHWc"
+    add = by_op["Add"][0]
+    assert all(v.shape[1:] == (3, 4, 4, B) for v in add.inputs)  # the residual add runs on NCHWc operands
+    # one conversion: the pooled C values, before Flatten; the graph output keeps its NCHW name and type
+    (conv_back,) = by_op["NCHWcToNCHW"]
+    assert conv_back.inputs[0].shape == (1, 3, 1, 1, B) and conv_back.outputs[0].shape == (1, 3 * B, 1, 1)
+    assert [v.name for v in g.outputs] == ["y"] and g.outputs[0].shape == (1, 3 * B)
+    groups = [[n.op for n in grp.nodes] for grp in fuse(g)]
+    assert ["BlockedConv", "Add", "Relu"] in groups and ["NCHWcToNCHW", "Flatten"] in groups
+
+
+def test_blocked_network_matches_onnxruntime():
+    rng = np.random.default_rng(1)
+    model = residual_net(rng)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_read_only_as_nchw_stays_nchw():
+    # conv -> Flatten: nothing gains from NCHWc, so no conversion node and no blocked output
+    rng, inits = np.random.default_rng(2), {}
+    nodes = [_conv("c", "x", "c", 3, B, rng, inits), helper.make_node("Flatten", ["c"], ["y"])]
+    model = _model(nodes, inits, (1, B * 16 * 16))
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    assert [n.op for n in g.nodes] == ["BlockedConv", "Flatten"]
+    assert "out_layout" not in g.nodes[0].attrs
+
+
+def test_a_blocked_value_also_read_as_nchw_is_converted_once():
+    # conv1 feeds conv2 (blocked) and a Transpose and the graph output (NCHW): one NCHWcToNCHW serves both
+    rng, inits = np.random.default_rng(3), {}
+    nodes = [
+        _conv("c1", "x", "c1", 3, B, rng, inits),
+        _conv("c2", "c1", "c2", B, B, rng, inits),
+        helper.make_node("Transpose", ["c1"], ["t"], perm=[0, 1, 3, 2]),
+        helper.make_node("Add", ["t", "c2"], ["y"]),
+    ]
+    model = _model(nodes, inits, (1, B, 16, 16))
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    assert [n.op for n in g.nodes].count("NCHWcToNCHW") == 1
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_broadcast_operand_keeps_the_add_in_nchw():
+    # Add of a per-channel constant (1, C, 1, 1) is not same-shape: it runs on NCHW, and the conv writes NCHW
+    rng = np.random.default_rng(4)
+    inits = {"k": rng.standard_normal((1, B, 1, 1)).astype(np.float32)}
+    nodes = [_conv("c", "x", "c", 3, B, rng, inits), helper.make_node("Add", ["c", "k"], ["y"])]
+    model = _model(nodes, inits, (1, B, 16, 16))
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    assert "NCHWcToNCHW" not in [n.op for n in g.nodes]
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)
+
+
+def _nchwc(a: np.ndarray) -> np.ndarray:
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // B, B, h, w).transpose(0, 1, 3, 4, 2))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_nchwc_max_pool_reduces_outside_its_vector_lanes(seed):
+    x = te.placeholder((1, 2, 9, 9, B), name="x")
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "layout": "NCHWc"}
+    pool = ops.OPS["MaxPool"]([x], attrs, "pool")[0]
+    dag = ComputeDAG([x, pool])
+    (sk,) = generate_sketches(dag, Target.host())
+    assert sk.rules == ("lanes(pool)",)  # the padded copy is Select: annotation places it (Ansor)
+    iters = sk.state.stage("pool").iters
+    assert [it.kind for it in iters][-3:] == ["reduce", "reduce", "spatial"]
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((1, 2 * B, 9, 9)).astype(np.float32)
+    padded = np.pad(data, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.max([padded[:, :, i : i + 9 : 2, j : j + 9 : 2] for i in range(3) for j in range(3)], axis=0)
+    for _ in range(4):
+        state = materialize(sk, sample(sk, rng, 2, lanes=8))
+        out = np.full(pool.shape, np.nan, np.float32)
+        compile_funcs([lower(state)])["kernel"](_nchwc(data), out)
+        np.testing.assert_array_equal(out, _nchwc(want))
+
+
+def test_an_nchw_pool_keeps_ansors_rules():
+    x = te.placeholder((1, 4, 9, 9), name="x")
+    pool = ops.OPS["MaxPool"]([x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, "pool")[0]
+    rules = [s.rules for s in generate_sketches(ComputeDAG([x, pool]), Target.host())]
+    assert not any(r.startswith("lanes") for rs in rules for r in rs)
