@@ -1,7 +1,7 @@
 """Graph IR: typed values, nodes in topological order, constants as numpy arrays, a text printer.
 
 Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`,
-`BlockedConv`).
+`BlockedConv`, `NCHWcToNCHW`).
 The frontend normalizes every node so that later stages never look at ONNX again:
 
 - attributes are ONNX's, with every default filled in and spelled out as plain Python values (ints, floats,
@@ -45,7 +45,12 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
 - Constant, ConstantOfShape, Shape, Size and Range never appear: they are folded into constants at import;
 - `Dense` (made by passes): inputs X (M x K), W (N x K) and an optional bias (N,); no attributes (Gemm with transB=1).
 - `BlockedConv` (made by passes): a 2-D Conv with group 1 whose weight is laid out F/b x C x KH x KW x b (b output
-  channels innermost); Conv's other inputs and attributes.
+  channels innermost); Conv's other inputs and attributes, plus `data_layout` / `out_layout` ("NCHWc" when the data
+  comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b.
+- `layout="NCHWc"` on MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (made by `propagate_nchwc`): input and
+  output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
+  carry the 5-D type.
+- `NCHWcToNCHW` (made by `propagate_nchwc`): one input N x C/b x H x W x b, output N x C x H x W; no attributes.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def _can_block(n: Node, can: set[int]) -> bool:
     out = n.outputs[0]
     if len(n.outputs) != 1 or not _blockable_shape(out):
         return False
-    if n.op == "BlockedConv":
-        return True
+    if n.op == "BlockedConv":  # its bias, if any, must be a constant to lay out in blocks
+        return len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].const is not None
     if not _passes_through(n):
         return False
     data = [v for v in n.inputs if v is not None and not _is_scalar_const(v)]
@@ -107,11 +107,12 @@ def propagate_nchwc(g: Graph) -> Graph:
             attrs, x = dict(n.attrs), n.inputs[0]
             if x is not None and id(x) in blocked:
                 attrs["data_layout"], x = NCHWC, blocked[id(x)]
-            outs = n.outputs
+            outs, rest = n.outputs, n.inputs[1:]
             if block_out:
                 attrs["out_layout"] = NCHWC
                 outs = (_twin(out, blocked),)
-            nodes.append(replace(n, inputs=(x, *n.inputs[1:]), outputs=outs, attrs=attrs))
+                rest = (rest[0], *(_blocked_bias(v) for v in rest[1:]))
+            nodes.append(replace(n, inputs=(x, *rest), outputs=outs, attrs=attrs))
         elif block_out:
             ins = tuple(blocked[id(v)] if v is not None and id(v) in blocked else v for v in n.inputs)
             attrs = {**n.attrs, "layout": NCHWC} if n.op in _POOLS else n.attrs
@@ -120,6 +121,14 @@ def propagate_nchwc(g: Graph) -> Graph:
             nodes.append(replace(n, inputs=tuple(plain(v) for v in n.inputs)))
     outputs = [plain(v) for v in g.outputs]
     return Graph(g.inputs, outputs, toposort(nodes), g.name)
+
+
+def _blocked_bias(v: Value | None) -> Value | None:
+    """A conv's constant bias (F,) laid out F/b x b, as the NCHWc output reads it."""
+    if v is None:
+        return v
+    c = v.const.reshape(-1, CONV_BLOCK)
+    return Value(f"{v.name}_blocked", TensorType(c.shape, v.dtype), c)
 
 
 def _twin(v: Value, blocked: dict[int, Value]) -> Value:

@@ -167,3 +167,14 @@ def test_an_nchw_pool_keeps_ansors_rules():
     pool = ops.OPS["MaxPool"]([x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, "pool")[0]
     rules = [s.rules for s in generate_sketches(ComputeDAG([x, pool]), Target.host())]
     assert not any(r.startswith("lanes") for rs in rules for r in rs)
+
+
+def test_the_blocked_conv_fuses_its_bias_residual_add_and_relu_into_one_pass():
+    # the bias is laid out C/b x b, read at the stage's own axes: strictly inlinable like the add, so the conv's
+    # accumulator tile is written once, through bias + add + ReLU (no second pass over the output)
+    from compiler.tasks import extract_tasks
+
+    tasks, _, _ = extract_tasks(load(residual_net(np.random.default_rng(5)), {"x": [1, 3, 16, 16]}))
+    (task,) = [t for t in tasks if t.name == "fused_blockedconv_add_relu"]
+    first = generate_sketches(task.dag, Target.host())[0].rules
+    assert [r.split("(")[0] for r in first] == ["inline", "inline", "tile+fuse"]

@@ -192,15 +192,15 @@ def nchwc_to_nchw(data: te.Tensor, name: str = "nchw") -> te.Tensor:
 
 
 def bias_add_nchwc(x: te.Tensor, bias: te.Tensor, name: str = "bias_add") -> te.Tensor:
-    """x[n, co, ..., ci] + bias[co * b + ci] for an NCHWc x (channel blocks on axis 1, lanes last)."""
+    """x[n, co, ..., ci] + bias[co, ci] for an NCHWc x (channel blocks on axis 1, lanes last) and a bias laid out
+    C/b x b (read at the stage's own axes, so it stays strictly inlinable and the conv fuses past it)."""
     _same_dtype("bias_add_nchwc", x, bias)
-    b = x.shape[-1]
-    if bias.shape != (x.shape[1] * b,):
+    if bias.shape != (x.shape[1], x.shape[-1]):
         raise InvalidExpr(
-            f"bias_add_nchwc: bias {bias.name} must have shape ({x.shape[1] * b},) to match the channels of"
-            f" {x.name} ({_dims(x)}, NCHWc), got {_dims(bias)}"
+            f"bias_add_nchwc: bias {bias.name} must have shape ({x.shape[1]}, {x.shape[-1]}) to match the channel"
+            f" blocks of {x.name} ({_dims(x)}, NCHWc), got {_dims(bias)}"
         )
-    return te.compute(x.shape, lambda *i: x[i] + bias[i[1] * b + i[-1]], name=name, tag="broadcast")
+    return te.compute(x.shape, lambda *i: x[i] + bias[i[1], i[-1]], name=name, tag="broadcast")
 
 
 def bias_add_nchw(x: te.Tensor, bias: te.Tensor, name: str = "bias_add") -> te.Tensor:
@@ -367,7 +367,7 @@ def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's BlockedConv (made by passes from a 2-D Conv with a constant weight): Conv's inputs and attributes,
     the weight packed F/b x C x KH x KW x b; `data_layout` / `out_layout` ("NCHW" or "NCHWc") say whether the data
-    comes and the result goes blocked (the `propagate_nchwc` pass sets them)."""
+    comes and the result goes blocked (the `propagate_nchwc` pass sets them; a blocked result's bias is F/b x b)."""
     x, w = _input("BlockedConv", ins, 0, "X"), _input("BlockedConv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
     _dtype_in("BlockedConv", x, FLOATS)
