@@ -46,7 +46,8 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
 - `Dense` (made by passes): inputs X (M x K), W (N x K) and an optional bias (N,); no attributes (Gemm with transB=1).
 - `BlockedConv` (made by passes): a 2-D Conv with group 1 whose weight is laid out F/b x C x KH x KW x b (b output
   channels innermost); Conv's other inputs and attributes, plus `data_layout` / `out_layout` ("NCHWc" when the data
-  comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b.
+  comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b;
+  with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too).
 - `layout="NCHWc"` on MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (made by `propagate_nchwc`): input and
   output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
   carry the 5-D type.

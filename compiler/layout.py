@@ -6,7 +6,8 @@ one input channel at a time from 16 planes apart, and each NCHW store of a 16-ch
 lines. `propagate_nchwc` keeps such values blocked (onnxruntime's NCHWc transformer does the same):
 
 - a BlockedConv writes its result NCHWc when something downstream wants it so, and reads NCHWc data when its
-  producer wrote it so (its `data_layout` / `out_layout` attributes);
+  producer wrote it so (its `data_layout` / `out_layout` attributes; its weight then gets input-channel blocks too,
+  F/b x C/b x KH x KW x b x b, so the reduction reads it in one stream);
 - elementwise ops, same-shape binary ops (scalar constants allowed) and pools pass the layout through (pools get
   `layout="NCHWc"`), so a conv + bias + residual add + ReLU task and a max pool vectorize over the lanes;
 - wherever a blocked value meets anything else (a Flatten, a depthwise conv, a graph output), an `NCHWcToNCHW`
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler.graph import Graph, Node, TensorType, Value, toposort
-from compiler.passes import CONV_BLOCK, ELEMWISE, pattern
+from compiler.passes import CONV_BLOCK, ELEMWISE, block_conv_input_channels, pattern
 
 NCHWC = "NCHWc"
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
@@ -105,9 +106,10 @@ def propagate_nchwc(g: Graph) -> Graph:
         block_out = id(out) in wanted
         if n.op == "BlockedConv":
             attrs, x = dict(n.attrs), n.inputs[0]
+            outs, rest = n.outputs, n.inputs[1:]
             if x is not None and id(x) in blocked:
                 attrs["data_layout"], x = NCHWC, blocked[id(x)]
-            outs, rest = n.outputs, n.inputs[1:]
+                rest = (_input_blocked_weight(rest[0]), *rest[1:])
             if block_out:
                 attrs["out_layout"] = NCHWC
                 outs = (_twin(out, blocked),)
@@ -121,6 +123,12 @@ def propagate_nchwc(g: Graph) -> Graph:
             nodes.append(replace(n, inputs=tuple(plain(v) for v in n.inputs)))
     outputs = [plain(v) for v in g.outputs]
     return Graph(g.inputs, outputs, toposort(nodes), g.name)
+
+
+def _input_blocked_weight(w: Value) -> Value:
+    """A BlockedConv weight F/b x C x KH x KW x b laid out F/b x C/b x KH x KW x b x b for NCHWc data."""
+    c = block_conv_input_channels(w.const)
+    return Value(f"{w.name}_i{CONV_BLOCK}", TensorType(c.shape, w.dtype), c)
 
 
 def _blocked_bias(v: Value | None) -> Value | None:

@@ -138,6 +138,12 @@ def pack_conv_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
 
 
+def block_conv_input_channels(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """A blocked weight F/b x C x KH x KW x b laid out F/b x C/block x KH x KW x block x b, for NCHWc data."""
+    Fb, C, KH, KW, b = w.shape
+    return np.ascontiguousarray(w.reshape(Fb, C // block, block, KH, KW, b).transpose(0, 1, 3, 4, 2, 5))
+
+
 def block_conv_weights(g: Graph) -> Graph:
     """A 2-D Conv (one group) with a constant weight whose output channels divide into CONV_BLOCK blocks becomes a
     BlockedConv with the weight laid out F/16 x C x KH x KW x 16 at compile time, so its kernel vectorizes over

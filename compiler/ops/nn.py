@@ -143,13 +143,23 @@ def conv2d_nchw_blocked(
     a vector only partly): onnxruntime's NCHWc idea.
 
     `data` is NCHW (N x C x H x W) or already blocked NCHWc (N x C/b x H x W x b, 5-D): then the channel reduction
-    is split into blocks rco and lanes rci, so a block of input channels is read contiguously. With `out_blocked`
+    is split into blocks rco and lanes rci, so a block of input channels is read contiguously; the weight then comes
+    F/b x C/cb x KH x KW x cb x b (`block_conv_input_channels`), so the reduction order rco, ry, rx, rci walks it
+    in one contiguous stream, as it walks the data (onnxruntime's and TVM's OIHW16i16o). With `out_blocked`
     the result stays NCHWc (the `propagate_nchwc` pass passes it to the next conv that way); otherwise a copy puts
     it back in NCHW, which the scheduler inlines into the conv's consumer."""
     op = "conv2d_nchw_blocked"
-    _rank(op, weight, 5, "weight")
+    if weight.ndim == 6 and data.ndim == 5:  # F/b x C/cb x KH x KW x cb x b: input-channel blocks too
+        Fb, Cwb, KH, KW, cwb, b = weight.shape
+        Cw = Cwb * cwb
+        if cwb != data.shape[4]:
+            raise InvalidExpr(
+                f"{op}: weight {_dims(weight)} has input blocks of {cwb}, data {_dims(data)} of {data.shape[4]}"
+            )
+    else:
+        _rank(op, weight, 5, "weight")
+        (Fb, Cw, KH, KW, b) = weight.shape
     _same_dtype(op, data, weight)
-    (Fb, Cw, KH, KW, b) = weight.shape
     if data.ndim == 5:
         N, C = data.shape[0], data.shape[1] * data.shape[4]
     else:
@@ -167,10 +177,11 @@ def conv2d_nchw_blocked(
         cb = data.shape[4]
         rco, rci = te.reduce_axis(C // cb, "rco"), te.reduce_axis(cb, "rci")
 
+        def wt(fo, fi):
+            return weight[fo, rco, ry, rx, rci, fi] if weight.ndim == 6 else weight[fo, rco * cb + rci, ry, rx, fi]
+
         def body(n, fo, y, x, fi):
-            return te.sum(
-                src[(n, rco, *at(y, x), rci)] * weight[fo, rco * cb + rci, ry, rx, fi], axis=[rco, ry, rx, rci]
-            )
+            return te.sum(src[(n, rco, *at(y, x), rci)] * wt(fo, fi), axis=[rco, ry, rx, rci])
 
     else:
         rc = te.reduce_axis(C, "rc")
