@@ -26,7 +26,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.lower import lower
-from compiler.passes import pack_conv_weight
+from compiler.passes import block_conv_input_channels, pack_conv_weight
 from compiler.state import initial_state
 
 RNG = np.random.default_rng(0)
@@ -379,6 +379,7 @@ def nn_cases() -> list[Case]:
         Case("BlockedConv", [f32(2, 4, 9, 8), w2], conv((3, 2), pads=(2, 1, 2, 1), dil=(2, 1)), tol=REDUCTION,
              reference=lambda x, w: blocked_ref(x, w, None, 1, (2, 1, 2, 1), (2, 1))),
     ]  # fmt: skip
+    cases += nchwc_cases(blocked_ref)
     for axis in (0, 1, 2):
         cases.append(Case("Softmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=TRANSCENDENTAL))
         cases.append(Case("LogSoftmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=REDUCTION))
@@ -551,6 +552,50 @@ def resize_cases() -> list[Case]:
     cases.append(case(x, (1, 3, 7, 3), "linear", "half_pixel"))
     cases.append(case(ints(1, 1, 3, 3, dtype="uint8", hi=200), (1, 1, 5, 4), "linear", "align_corners"))
     return cases
+
+
+def _to_nchw(x: np.ndarray) -> np.ndarray:
+    n, cb, h, w, b = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w))
+
+
+def _to_nchwc(x: np.ndarray, b: int = 16) -> np.ndarray:
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _window_ref(x: np.ndarray, k: int, stride: int, pad: int, fill: float, reduce) -> np.ndarray:
+    """A square-window pool of an NCHW x, padded with `fill`."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill)
+    oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+    taps = [xp[:, :, i : i + stride * oh : stride, j : j + stride * ow : stride] for i in range(k) for j in range(k)]
+    return reduce(np.stack(taps), axis=0)
+
+
+def nchwc_cases(blocked_ref) -> list[Case]:
+    """tilefarm's NCHWc forms (made by compiler.layout.propagate_nchwc): N x C/16 x H x W x 16 data."""
+    x = f32(1, 2, 7, 9, 16)
+    w = pack_conv_weight(f32(32, 32, 3, 3))
+    w6, bias = block_conv_input_channels(w), f32(2, 16)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 0], "dilations": [1, 1], "group": 1}
+    both = {**attrs, "data_layout": "NCHWc", "out_layout": "NCHWc"}
+    conv_ref = lambda x, w, b=None: blocked_ref(_to_nchw(x), w, b, (2, 1), (1, 1, 1, 0))
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 0, "layout": "NCHWc"}
+    ones = np.ones((1, 32, 7, 9), np.float32)
+    counts = _window_ref(ones, 3, 2, 1, 0.0, np.sum)  # count_include_pad=0: in-bounds taps only
+    return [
+        Case("NCHWcToNCHW", [x], reference=lambda x: [_to_nchw(x)]),
+        Case("BlockedConv", [x, w6, bias], both, tol=REDUCTION,
+             reference=lambda x, w6, b: [_to_nchwc(conv_ref(x, w, b.reshape(-1))[0])]),
+        Case("BlockedConv", [x, w6], {**attrs, "data_layout": "NCHWc"}, tol=REDUCTION,
+             reference=lambda x, w6: conv_ref(x, w)),
+        Case("MaxPool", [x], pool, reference=lambda x: [_to_nchwc(_window_ref(_to_nchw(x), 3, 2, 1, -np.inf, np.max))]),
+        Case("AveragePool", [x], {**pool, "count_include_pad": 0}, tol=ARITH,
+             reference=lambda x: [_to_nchwc(_window_ref(_to_nchw(x), 3, 2, 1, 0.0, np.sum) / counts)]),
+        Case("GlobalAveragePool", [x], {"layout": "NCHWc"}, tol=REDUCTION,
+             reference=lambda x: [x.mean(axis=(2, 3), keepdims=True)]),
+        Case("GlobalMaxPool", [x], {"layout": "NCHWc"}, reference=lambda x: [x.max(axis=(2, 3), keepdims=True)]),
+    ]  # fmt: skip
 
 
 CASES = unary_cases() + binary_cases() + other_elementwise_cases() + reduce_cases() + nn_cases() + transform_cases()
