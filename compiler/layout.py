@@ -92,6 +92,13 @@ def propagate_nchwc(g: Graph) -> Graph:
     blocked: dict[int, Value] = {}  # id(original value) -> its NCHWc twin
     produced_plain: set[int] = set()
     nodes: list[Node] = []
+    relaid: dict[int, Value | None] = {}  # constants laid out once, however many convs share them
+
+    def once(fn, v: Value | None) -> Value | None:
+        key = id(v) if fn is _input_blocked_weight else -1 - id(v)
+        if key not in relaid:
+            relaid[key] = fn(v)
+        return relaid[key]
 
     def plain(v: Value | None) -> Value | None:
         """v as NCHW: the original value, converted back from its NCHWc twin the first time it is needed."""
@@ -109,11 +116,11 @@ def propagate_nchwc(g: Graph) -> Graph:
             outs, rest = n.outputs, n.inputs[1:]
             if x is not None and id(x) in blocked:
                 attrs["data_layout"], x = NCHWC, blocked[id(x)]
-                rest = (_input_blocked_weight(rest[0]), *rest[1:])
+                rest = (once(_input_blocked_weight, rest[0]), *rest[1:])
             if block_out:
                 attrs["out_layout"] = NCHWC
                 outs = (_twin(out, blocked),)
-                rest = (rest[0], *(_blocked_bias(v) for v in rest[1:]))
+                rest = (rest[0], *(once(_blocked_bias, v) for v in rest[1:]))
             nodes.append(replace(n, inputs=(x, *rest), outputs=outs, attrs=attrs))
         elif block_out:
             ins = tuple(blocked[id(v)] if v is not None and id(v) in blocked else v for v in n.inputs)
@@ -121,12 +128,14 @@ def propagate_nchwc(g: Graph) -> Graph:
             nodes.append(replace(n, inputs=ins, outputs=(_twin(out, blocked),), attrs=attrs))
         else:
             nodes.append(replace(n, inputs=tuple(plain(v) for v in n.inputs)))
-    outputs = [plain(v) for v in g.outputs]
-    return Graph(g.inputs, outputs, toposort(nodes), g.name)
+    for v in g.outputs:
+        plain(v)  # a graph output leaves NCHW, under its own name
+    return Graph(g.inputs, g.outputs, toposort(nodes), g.name)
 
 
 def _input_blocked_weight(w: Value) -> Value:
     """A BlockedConv weight F/b x C x KH x KW x b laid out F/b x C/b x KH x KW x b x b for NCHWc data."""
+    assert w.const is not None, "BlockedConv weights are constants (block_conv_weights)"
     c = block_conv_input_channels(w.const)
     return Value(f"{w.name}_i{CONV_BLOCK}", TensorType(c.shape, w.dtype), c)
 
@@ -135,6 +144,7 @@ def _blocked_bias(v: Value | None) -> Value | None:
     """A conv's constant bias (F,) laid out F/b x b, as the NCHWc output reads it."""
     if v is None:
         return v
+    assert v.const is not None, "only a conv with a constant bias is blocked (_can_block)"
     c = v.const.reshape(-1, CONV_BLOCK)
     return Value(f"{v.name}_blocked", TensorType(c.shape, v.dtype), c)
 
