@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from bench.kernels import interleaved
 from bench.models import batch1_inputs, difference, ort_session
+from bench.timing import json_from_process
 from compiler.examples import EXAMPLES
 from compiler.runtime import Artifact
 
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     cmd = [sys.executable, "-m", "bench.compare", args.model, *args.artifacts, "--once"]
     cmd += ["--threads", str(args.threads), "--repeat", str(args.repeat)]
     for k in range(args.processes):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"timing failed: {proc.stderr.strip()[-2000:]}")
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            result = json_from_process(cmd, f"timing {args.model}")
+        except RuntimeError as e:
+            sys.exit(str(e))
         med, ref = result["medians_s"], result["medians_s"]["onnxruntime"]
         print(f"process {k + 1}, {args.threads} thread(s):")
         for label, sec in med.items():

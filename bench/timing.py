@@ -80,6 +80,14 @@ def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
     return {"medians_s": medians, "max_rel_diff": rel}
 
 
+def json_from_process(cmd: list[str], what: str, env: dict | None = None) -> dict:
+    """Runs cmd and parses the last line it printed as JSON; raises RuntimeError with its stderr if it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def in_fresh_process(kind: str, name: str, records: Path, threads: int, repeat: int, processes: int = 3) -> dict:
     """Runs this module's timing in `processes` new interpreters, one after another, and gives each system the median
     of their medians (and every process's medians under "runs"); raises RuntimeError with its stderr if one fails.
@@ -89,12 +97,7 @@ def in_fresh_process(kind: str, name: str, records: Path, threads: int, repeat: 
     while the samples inside one process agreed within a few percent; so one process is one sample."""
     env = {**os.environ, **fair_openblas_env()}
     cmd = [sys.executable, "-m", "bench.timing", kind, name, str(records), "--threads", str(threads)]
-    runs = []
-    for _ in range(processes):
-        proc = subprocess.run([*cmd, "--repeat", str(repeat)], capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"timing {name} failed: {proc.stderr.strip()[-2000:]}")
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = [json_from_process([*cmd, "--repeat", str(repeat)], f"timing {name}", env) for _ in range(processes)]
     medians = {k: statistics.median(r["medians_s"][k] for r in runs) for k in runs[0]["medians_s"]}
     return {**runs[0], "medians_s": medians, "runs": [r["medians_s"] for r in runs]}
 

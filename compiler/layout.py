@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler.graph import Graph, Node, TensorType, Value, toposort
+from compiler.ops.checks import NCHWC
 from compiler.passes import CONV_BLOCK, ELEMWISE, block_conv_input_channels, pattern
 
-NCHWC = "NCHWc"
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
 _POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool"}
@@ -92,10 +92,10 @@ def propagate_nchwc(g: Graph) -> Graph:
     blocked: dict[int, Value] = {}  # id(original value) -> its NCHWc twin
     produced_plain: set[int] = set()
     nodes: list[Node] = []
-    relaid: dict[int, Value | None] = {}  # constants laid out once, however many convs share them
+    relaid: dict[tuple, Value | None] = {}  # constants laid out once, however many convs share them
 
     def once(fn, v: Value | None) -> Value | None:
-        key = id(v) if fn is _input_blocked_weight else -1 - id(v)
+        key = (fn, id(v))
         if key not in relaid:
             relaid[key] = fn(v)
         return relaid[key]

@@ -12,6 +12,15 @@ Pair = int | Sequence[int]
 # ---------------------------------------------------------------------------------------------- argument checks
 
 
+NCHWC = "NCHWc"  # the `layout` / `data_layout` / `out_layout` attribute value of channel-blocked data
+
+
+def _lanes(attrs: dict) -> int:
+    """1 when an op's data is NCHWc (attribute layout="NCHWc", set by `propagate_nchwc`): its last axis holds
+    channel lanes; else 0."""
+    return 1 if attrs.get("layout") == NCHWC else 0
+
+
 def _dims(t: te.Tensor) -> str:
     return "x".join(map(str, t.shape)) or "scalar"
 

@@ -11,10 +11,12 @@ from compiler import te
 from compiler.errors import InvalidExpr
 from compiler.ops.checks import (
     FLOATS,
+    NCHWC,
     Pair,
     _dims,
     _dtype_in,
     _input,
+    _lanes,
     _out_extent,
     _padding,
     _pair,
@@ -149,22 +151,19 @@ def conv2d_nchw_blocked(
     the result stays NCHWc (the `propagate_nchwc` pass passes it to the next conv that way); otherwise a copy puts
     it back in NCHW, which the scheduler inlines into the conv's consumer."""
     op = "conv2d_nchw_blocked"
-    if weight.ndim == 6 and data.ndim == 5:  # F/b x C/cb x KH x KW x cb x b: input-channel blocks too
+    if data.ndim == 5:  # NCHWc data: the weight has input-channel blocks too, F/b x C/cb x KH x KW x cb x b
+        _rank(op, weight, 6, "weight (for NCHWc data)")
         Fb, Cwb, KH, KW, cwb, b = weight.shape
-        Cw = Cwb * cwb
         if cwb != data.shape[4]:
             raise InvalidExpr(
                 f"{op}: weight {_dims(weight)} has input blocks of {cwb}, data {_dims(data)} of {data.shape[4]}"
             )
-    else:
-        _rank(op, weight, 5, "weight")
-        (Fb, Cw, KH, KW, b) = weight.shape
-    _same_dtype(op, data, weight)
-    if data.ndim == 5:
-        N, C = data.shape[0], data.shape[1] * data.shape[4]
+        N, C, Cw = data.shape[0], data.shape[1] * data.shape[4], Cwb * cwb
     else:
         _rank(op, data, 4, "data")
-        N, C = data.shape[:2]
+        _rank(op, weight, 5, "weight")
+        (Fb, Cw, KH, KW, b), (N, C) = weight.shape, data.shape[:2]
+    _same_dtype(op, data, weight)
     if Cw != C:
         raise InvalidExpr(f"{op}: weight {_dims(weight)} has {Cw} input channels, but data {_dims(data)} has {C}")
     src, (OH, OW), (sh, sw), (dh, dw) = _window(op, data, (KH, KW), stride, padding, dilation, name)
@@ -177,11 +176,8 @@ def conv2d_nchw_blocked(
         cb = data.shape[4]
         rco, rci = te.reduce_axis(C // cb, "rco"), te.reduce_axis(cb, "rci")
 
-        def wt(fo, fi):
-            return weight[fo, rco, ry, rx, rci, fi] if weight.ndim == 6 else weight[fo, rco * cb + rci, ry, rx, fi]
-
         def body(n, fo, y, x, fi):
-            return te.sum(src[(n, rco, *at(y, x), rci)] * wt(fo, fi), axis=[rco, ry, rx, rci])
+            return te.sum(src[(n, rco, *at(y, x), rci)] * weight[fo, rco, ry, rx, rci, fi], axis=[rco, ry, rx, rci])
 
     else:
         rc = te.reduce_axis(C, "rc")
@@ -382,9 +378,9 @@ def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     x, w = _input("BlockedConv", ins, 0, "X"), _input("BlockedConv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
     _dtype_in("BlockedConv", x, FLOATS)
-    if x.ndim != (5 if attrs.get("data_layout") == "NCHWc" else 4):
+    if x.ndim != (5 if attrs.get("data_layout") == NCHWC else 4):
         raise InvalidExpr(f"BlockedConv: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}")
-    out_blocked = attrs.get("out_layout") == "NCHWc"
+    out_blocked = attrs.get("out_layout") == NCHWC
     strides, pads = attrs.get("strides") or (1, 1), attrs.get("pads") or (0, 0, 0, 0)
     conv_name = name if bias is None else f"{name}_conv"
     out = conv2d_nchw_blocked(
@@ -450,11 +446,6 @@ def conv_transpose(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     tag = "conv2d_nchw" if sp == 2 else f"conv{sp}d_ncx"
     conv_out = te.compute((N, Fg * group, *out), body, name=name if bias is None else f"{name}_conv", tag=tag)
     return [_with_bias(conv_out, bias, name)]
-
-
-def _lanes(attrs: dict) -> int:
-    """1 when a pool's data is NCHWc (attribute layout="NCHWc", set by `propagate_nchwc`), else 0."""
-    return 1 if attrs.get("layout") == "NCHWc" else 0
 
 
 def _pool_geometry(op: str, x: te.Tensor, attrs: dict):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from compiler import dtypes, te
 from compiler.errors import InvalidExpr
-from compiler.ops.checks import ALL, FLOATS, NUMERIC, _c, _dtype_in, _input
+from compiler.ops.checks import ALL, FLOATS, NUMERIC, _c, _dtype_in, _input, _lanes
 from compiler.ops.transform import reshape_to
 
 Expr = te.Expr
@@ -195,7 +195,7 @@ def global_pool(op: str):
     def build(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         x = _input(op, ins, 0, "X")
         _dtype_in(op, x, FLOATS)
-        lanes = 1 if attrs.get("layout") == "NCHWc" else 0
+        lanes = _lanes(attrs)
         if x.ndim < 3 + lanes:
             raise InvalidExpr(f"{op}: input {x.name} must be N x C x spatial..., got {x.ndim}-D")
         axes = list(range(2, x.ndim - lanes))
