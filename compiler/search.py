@@ -17,8 +17,11 @@ import functools
 import hashlib
 import heapq
 import multiprocessing
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -30,10 +33,11 @@ from compiler.errors import TilefarmError
 from compiler.lower import lower
 from compiler.mutate import mutate
 from compiler.sketch import Sketch, generate_sketches
-from compiler.state import State, apply_steps
+from compiler.state import Split, State, apply_steps
 from compiler.target import Target
 
 PARALLEL_FEATURES_MIN = 32  # below this many new programs, shipping them to worker processes costs more than it saves
+FOREIGN_MEASURED_PER_ROUND = 2  # programs translated from sibling tasks measured as they are in one round
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class SearchPolicy:
         self.stats = SearchStats()
         self._features = features.FeatureCache()
         self._population = self.params.population  # this round's
+        # (id of a sibling task's policy, its sketch index) -> (this task's sketch of that shape, stage name map)
+        self._siblings: dict[tuple[int, int], tuple[int, dict[str, str]] | None] = {}
 
     # ------------------------------------------------------------------------------------------ candidates
 
@@ -165,10 +171,12 @@ class SearchPolicy:
 
     # ------------------------------------------------------------------------------------------ search
 
-    def next_batch(self, n: int, population: int | None = None) -> list[Candidate]:
+    def next_batch(self, n: int, population: int | None = None, foreign: Sequence[Candidate] = ()) -> list[Candidate]:
         """Ansor's SearchOneRound: evolutionary search under the cost model, then ε-greedy picking of `n`
         programs not measured before. `population` overrides the parameters' for this round (the task scheduler
-        shrinks it where measuring a round costs less than searching for it)."""
+        shrinks it where measuring a round costs less than searching for it). `foreign` are sibling tasks' best
+        programs translated to this task (`translate`), best first: the first ones not measured here yet are
+        measured as they are (up to FOREIGN_MEASURED_PER_ROUND), and all of them join the population as seeds."""
         t0 = time.perf_counter()
         p = self.params
         self._population = population or p.population
@@ -176,8 +184,7 @@ class SearchPolicy:
         pool = [c for c in init if c.key not in self.measured]
         n_random = min(int(p.eps_greedy * n), len(pool))
         random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
-        population = init + self._seeds()
-        best = self._evolve(population, 2 * n)
+        best = self._evolve(init + self._seeds() + list(foreign), 2 * n)
         picked: dict[str, Candidate] = {}
         programs: set[str] = set()
 
@@ -190,6 +197,10 @@ class SearchPolicy:
             picked[c.key] = c
             programs.add(c.program)
 
+        for c in foreign:
+            if len(picked) >= min(n, FOREIGN_MEASURED_PER_ROUND):
+                break
+            take(c)
         for c in best:
             if len(picked) >= n - n_random:
                 break
@@ -282,9 +293,107 @@ class SearchPolicy:
     def features_of(self, c: Candidate) -> np.ndarray:
         return self.featurize([c])[0]
 
+    def best_measured(self, k: int) -> list[Candidate]:
+        """The `k` fastest programs measured that this search made (those with decisions), fastest first."""
+        return [c for _, c in sorted(self._traced_measured(), key=lambda t: t[0])[:k]]
+
+    # ------------------------------------------------------------------------------------------ siblings
+
+    def translate(self, source: SearchPolicy, c: Candidate) -> Candidate | None:
+        """Program `c` of the `source` task as a program of this task, or None where the two have no sketch of
+        the same shape (`SketchShape`). Tasks that share their anchor stage but not their epilogue (ResNet's
+        conv + bias + ReLU and conv + bias + residual add + ReLU on the same shapes) then start from each other's
+        best tilings instead of each finding them alone."""
+        if c.decisions is None:
+            return None
+        match = self._sibling_sketch(source, c.sketch_index)
+        if match is None:
+            return None
+        mine, names = match
+        d = c.decisions
+
+        def stage(name: str) -> str | None:
+            base, sep, it = name.partition("/")
+            new = names.get(base)
+            return None if new is None else new + sep + it
+
+        def per_stage(entries):
+            return tuple((stage(n), v) for n, v in entries if stage(n) is not None)
+
+        def locations(entries):
+            out = []
+            for n, loc in entries:
+                new_loc = loc if loc in ("root", "inline") else stage(loc)
+                if stage(n) is None or new_loc is None:
+                    return None
+                out.append((stage(n), new_loc))
+            return tuple(out)
+
+        placed = locations(d.locations)
+        if placed is None:
+            return None
+        moved = Decisions(d.tiles, placed, per_stage(d.parallel), per_stage(d.vectorize), per_stage(d.unroll))
+        try:
+            return self.candidate(mine, moved)
+        except InvalidProgram:
+            return None
+
+    def _sibling_sketch(self, source: SearchPolicy, index: int) -> tuple[int, dict[str, str]] | None:
+        """This task's sketch of the same shape as the source's sketch `index`, with the stage names mapped."""
+        key = (id(source), index)
+        if key not in self._siblings:
+            theirs = source.sketch_shapes[index]
+            self._siblings[key] = None
+            for i, ours in enumerate(self.sketch_shapes):
+                if ours.signature == theirs.signature:
+                    self._siblings[key] = (i, dict(zip(theirs.stages, ours.stages)))
+                    break
+        return self._siblings[key]
+
+    @functools.cached_property
+    def sketch_shapes(self) -> list[SketchShape]:
+        return [SketchShape.of(sk) for sk in self.sketches]
+
+    def has_sibling_sketch(self, source: SearchPolicy) -> bool:
+        """Whether some sketch of `source` has the shape of one of this task's."""
+        return any(self._sibling_sketch(source, i) is not None for i in range(len(source.sketches)))
+
     @property
     def best_cost(self) -> float:
         return min(self.measured.values(), default=float("inf"))
+
+
+@dataclass(frozen=True)
+class SketchShape:
+    """What a sketch's decisions refer to, without the task's names: its stages that are not inlined, in order,
+    each by tag and shape; its tile extents and the number of lengths of each tile split; and its non-inlining
+    rules with stage names masked. Two sketches of equal signature take each other's decisions once `stages`
+    (the names, in the same order) are mapped."""
+
+    stages: tuple[str, ...]
+    signature: tuple
+
+    @staticmethod
+    def of(sketch: Sketch) -> SketchShape:
+        state = sketch.state
+        kept = [st for st in state.stages if not st.op.is_placeholder and st.compute_at != "inline"]
+        names = sorted((st.name for st in state.stages), key=len, reverse=True)
+        # whole names only: a stage "a" must not mask the "a" in "pack"
+        alternatives = "|".join(re.escape(n) for n in names)
+        mask = re.compile(rf"(?<![\w.])(?:{alternatives})(?![\w.])") if names else None
+
+        def masked(rule: str) -> str:
+            return mask.sub("*", rule) if mask else rule
+
+        rules = tuple(masked(r) for r in sketch.rules if not r.startswith("inline("))
+        lengths = tuple(len(cast(Split, state.steps[i]).lengths) for i in sketch.tile_steps)
+        signature = (
+            tuple((st.op.tag, tuple(st.op.shape), st.op.dtype) for st in kept),
+            sketch.tile_extents,
+            lengths,
+            rules,
+        )
+        return SketchShape(tuple(st.name for st in kept), signature)
 
 
 def program_identity(state: State) -> str:

@@ -30,6 +30,7 @@ from compiler.tasks import Task
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
+SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -88,6 +89,11 @@ class TuneOptions:
     # search takes (ResNet-18 at 2 threads spent 45% of its tuning in search with a fixed population). None keeps
     # the full population every round, as Ansor does.
     max_search_share: float | None = 1 / 3
+    # Tasks with a sketch of the same shape (same anchor stage and tiling, another epilogue: ResNet's conv + ReLU
+    # and conv + residual add + ReLU on one shape) hand each other their SHARED_BEST fastest programs every round:
+    # translated, they seed the evolution, and the first ones not measured yet are measured as they are
+    # (search.FOREIGN_MEASURED_PER_ROUND per round). False tunes every task alone, as Ansor does.
+    share_siblings: bool = True
 
 
 class TaskScheduler:
@@ -118,6 +124,7 @@ class TaskScheduler:
             for i, t in enumerate(tasks)
         ]
         self.resumed = 0
+        self._sibling_lists: dict[int, list[TaskProgress]] = {}
 
     # ------------------------------------------------------------------------------------------ resume
 
@@ -226,7 +233,7 @@ class TaskScheduler:
             return
         t0 = time.perf_counter()
         population = p.population or self.options.params.population
-        cands = p.policy.next_batch(n - 1 if with_default else n, population)
+        cands = p.policy.next_batch(n - 1 if with_default else n, population, self._foreign(i))
         if with_default:
             state = default_schedule(p.task.dag)
             cands = [Candidate(-1, None, state, program_key(state)), *cands]
@@ -273,6 +280,28 @@ class TaskScheduler:
         self.stats.train_s += time.perf_counter() - t0
         if self.callback:
             self.callback(self)
+
+    def _siblings(self, i: int) -> list[TaskProgress]:
+        if i not in self._sibling_lists:
+            p = self.progress[i]
+            self._sibling_lists[i] = [
+                q for j, q in enumerate(self.progress) if j != i and p.policy.has_sibling_sketch(q.policy)
+            ]
+        return self._sibling_lists[i]
+
+    def _foreign(self, i: int) -> list[Candidate]:
+        """The sibling tasks' fastest programs as programs of task i, fastest (in their own task) first."""
+        if not self.options.share_siblings:
+            return []
+        p = self.progress[i]
+        ranked = []
+        for q in self._siblings(i):
+            for rank, c in enumerate(q.policy.best_measured(SHARED_BEST)):
+                moved = p.policy.translate(q.policy, c)
+                if moved is not None:
+                    ranked.append((q.policy.measured[c.key] / q.best, rank, moved))
+        ranked.sort(key=lambda t: (t[0], t[1]))
+        return [c for _, _, c in ranked]
 
     def _next_population(self, p: TaskProgress, population: int, search_s: float, measure_s: float) -> None:
         share = self.options.max_search_share
