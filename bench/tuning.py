@@ -36,7 +36,15 @@ HELD_OUT_AFTER = 512
 
 
 def _tune(
-    tasks: list[Task], trials: int, threads: int, path: Path, population: int, resume: bool, cache_flush: bool = False
+    tasks: list[Task],
+    trials: int,
+    threads: int,
+    path: Path,
+    population: int,
+    resume: bool,
+    cache_flush: bool = False,
+    share_siblings: bool = True,
+    cold_constants: bool = False,
 ) -> tuple[TaskScheduler, float]:
     """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none)."""
     from compiler.search import SearchParams
@@ -52,9 +60,11 @@ def _tune(
             elapsed = time.perf_counter() - start
             print(f"    {s.stats.trials} trials, {elapsed:.0f} s, est. {s.estimated_latency * 1e3:.3f} ms", flush=True)
 
-    opts = TuneOptions(trials=trials, params=SearchParams(population=population))
+    opts = TuneOptions(trials=trials, params=SearchParams(population=population), share_siblings=share_siblings)
     # with cache flushing a sample is one call, so take several; without, one sample of >= 100 ms of calls
-    runner = LocalRunner(repeat=5 if cache_flush else 1, threads=threads, cache_flush=cache_flush)
+    runner = LocalRunner(
+        repeat=5 if cache_flush else 1, threads=threads, cache_flush=cache_flush, cold_constants=cold_constants
+    )
     with LocalBuilder() as builder, runner:
         t0 = time.perf_counter()
         sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress)
@@ -192,7 +202,17 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
     flush = args.model_cache_flush
-    sched, prior_s = _tune(tasks, args.model_trials, threads, path, args.population, args.resume, cache_flush=flush)
+    sched, prior_s = _tune(
+        tasks,
+        args.model_trials,
+        threads,
+        path,
+        args.population,
+        args.resume,
+        cache_flush=flush,
+        share_siblings=not args.no_sibling_sharing,
+        cold_constants=args.model_cold_weights,
+    )
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched, prior_s)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
@@ -229,12 +249,22 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="tune ResNet-18's tasks with caches flushed before every call (its weights exceed the L3 in a run)",
     )
+    p.add_argument(
+        "--model-cold-weights",
+        action="store_true",
+        help="tune ResNet-18's tasks with their weights flushed from the caches before every call, activations warm",
+    )
     p.add_argument("--repeat", type=int, default=7, help="interleaved timing samples per system")
     p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")
     p.add_argument("--with-tvm", action="store_true", help="also tune with TVM MetaSchedule at the same budget")
     p.add_argument("--records-dir", default="bench/results/records")
     p.add_argument("--resume", action="store_true", help="continue from the records in --records-dir (trials = new)")
     p.add_argument("--json", help="write the rows here as a JSON list")
+    p.add_argument(
+        "--no-sibling-sharing",
+        action="store_true",
+        help="tune every task alone (ablation of TuneOptions.share_siblings)",
+    )
     args = p.parse_args(argv)
     Path(args.records_dir).mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None

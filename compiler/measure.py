@@ -57,6 +57,33 @@ ERRORS = (INSTANTIATION, BUILD, BUILD_TIMEOUT, RUN, RUN_TIMEOUT, WRONG_ANSWER, U
 KERNEL = "kernel"  # the symbol every candidate library exports
 WORKER = Path(__file__).with_name("measure_worker.py")
 DEFAULT_L3 = 32 << 20  # the flush buffer is twice the L3, and this is assumed when sysfs does not say
+# Flushes a buffer's cache lines from every level (the measurement sandbox calls it between timed calls). Built once
+# per runner with the system C compiler; where neither x86's clflush nor AArch64's `dc civac` exists it does
+# nothing, and the measurement is then one with warm weights.
+EVICT_C = r"""
+#include <stddef.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+void tilefarm_evict(const void* p, size_t n) {
+    const char* c = (const char*)p;
+    if (n == 0) return;
+    for (size_t i = 0; i < n; i += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_clflush(c + i);
+#elif defined(__aarch64__)
+        __asm__ volatile("dc civac, %0" : : "r"(c + i) : "memory");
+#endif
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_clflush(c + n - 1);
+    _mm_mfence();
+#elif defined(__aarch64__)
+    __asm__ volatile("dc civac, %0" : : "r"(c + n - 1) : "memory");
+    __asm__ volatile("dsb ish" : : : "memory");
+#endif
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -299,6 +326,19 @@ def random_inputs(dag: ComputeDAG, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def _build_evictor(folder: Path) -> str:
+    src, lib = folder / "evict.c", folder / "evict.so"
+    src.write_text(EVICT_C)
+    cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(lib), str(src)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as err:
+        raise TilefarmError(f"cold_constants: cannot run the C compiler {cmd[0]!r}: {err}") from None
+    if proc.returncode != 0:
+        raise TilefarmError(f"cold_constants: building the cache-line flush helper failed:\n{proc.stderr}")
+    return str(lib)
+
+
 class LocalRunner:
     """Checks and times one candidate at a time in a sandbox process; a context manager.
 
@@ -306,6 +346,12 @@ class LocalRunner:
     mean of `number` calls, `number` grown (x1.618 at least) until a repeat takes `min_repeat_ms`. With
     `cache_flush`, number is 1, min_repeat_ms 0, and a buffer twice the L3 is overwritten before every call.
     `threads` None runs parallel loops on every core. `timeout` bounds one candidate's whole measurement.
+
+    With `cold_constants`, the inputs that are the model's constants (`Task.constants`: weights, biases) have their
+    cache lines flushed before every call, outside the timing, while the activations stay warm: what a kernel
+    meets in a run of a model whose weights exceed the last-level cache (ResNet-18's 46 MB, here 32 MB of L3), where
+    each conv's weights were evicted by the rest of the model since its last call. Timed calls are still summed
+    until `min_repeat_ms` of kernel time.
 
     Correctness: outputs must match the default schedule's on seeded random inputs. Floats pass where
     |out - ref| <= atol * max(1, max|ref|) + rtol * |ref|: two correct float32 summation orders of n terms differ
@@ -328,12 +374,15 @@ class LocalRunner:
         rtol: float = 1e-3,
         atol: float = 1e-3,
         seed: int = 0,
+        cold_constants: bool = False,
     ):
         self.timeout, self.repeat, self.cache_flush = timeout, repeat, cache_flush
         self.number, self.min_repeat_ms = (1, 0) if cache_flush else (number, min_repeat_ms)
         self.threads, self.check, self.rtol, self.atol, self.seed = threads, check, rtol, atol, seed
         self.flush_bytes = 2 * (Target.host().l3_bytes or DEFAULT_L3) if cache_flush else 0
         self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
+        self.cold_constants = cold_constants
+        self._evict_lib = _build_evictor(self._dir) if cold_constants else None
         self._proc: subprocess.Popen | None = None
         self._busy = False  # a request was sent and its reply not read
         self._tasks: dict[str, str | None] = {}  # workload key -> why its reference failed (None: ready)
@@ -375,7 +424,14 @@ class LocalRunner:
 
     def _task_fields(self, task: Task) -> dict:
         outputs = [(o, task.dag.op(o).shape, task.dag.op(o).dtype) for o in task.dag.outputs]
-        return {"data": str(self._dir / task.key), "outputs": outputs, "threads": self.threads or 0}
+        evict = list(task.constants) if self._evict_lib else []
+        return {
+            "data": str(self._dir / task.key),
+            "outputs": outputs,
+            "threads": self.threads or 0,
+            "evict": evict,
+            "evict_lib": self._evict_lib,
+        }
 
     def _prepare(self, task: Task) -> str | None:
         """Once per task: save seeded inputs and the default schedule's outputs; returns why that failed."""

@@ -9,9 +9,11 @@ Requests, each answered by one reply:
   {"op": "reference", "lib", "data", "outputs", "threads"}: run the trusted kernel once on the task's inputs
       (data/in{i}.npy) and save its outputs as data/ref{i}.npy.  Reply {"ok": True}.
   {"op": "measure", "lib", "data", "outputs", "threads", "check", "rtol", "atol", "number", "repeat",
-   "min_repeat_ms", "flush_bytes"}: reply {"ok": True, "costs": [seconds per call, one per repeat], "number": n}
+   "min_repeat_ms", "flush_bytes", "evict", "evict_lib"}:
+      reply {"ok": True, "costs": [seconds per call, one per repeat], "number": n}
       or {"ok": False, "error": "wrong_answer" | "run" | "unknown", "message": str}.
-`outputs` lists (name, shape, dtype) of the kernel's output parameters, which follow its inputs.
+`outputs` lists (name, shape, dtype) of the kernel's output parameters, which follow its inputs. `evict` lists
+inputs whose cache lines `tilefarm_evict` of the library `evict_lib` flushes (outside the timing) before each call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -133,13 +136,13 @@ def _mismatch(task: _Task, rtol: float, atol: float) -> str | None:
     return None
 
 
-def _time(fn, ptrs: list[int], number: int, flush: np.ndarray | None, limit: float) -> tuple[float, int]:
-    """(seconds, calls) for `number` calls, stopping early once they have taken `limit` seconds; with `flush`, the
-    buffer is overwritten (outside the timing) before each call."""
+def _time(fn, ptrs: list[int], number: int, before: Callable[[], None] | None, limit: float) -> tuple[float, int]:
+    """(seconds, calls) for `number` calls, stopping early once they have taken `limit` seconds; `before` (a cache
+    flush) runs outside the timing before each call."""
     total, calls = 0.0, 0
     while calls < number and total < limit:
-        if flush is not None:
-            flush += 1
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn(*ptrs)
         total += time.perf_counter() - t0
@@ -162,25 +165,61 @@ def measure(req: dict) -> dict:
             why = _mismatch(task, req["rtol"], req["atol"])
             if why:
                 return {"ok": False, "error": "wrong_answer", "message": why}
-        flush = np.zeros(req["flush_bytes"] // 8, np.int64) if req["flush_bytes"] else None
+        before = _cache_preparation(req, task)
         number, min_s, costs = req["number"], req["min_repeat_ms"] / 1000, []
         # A kernel's time can jump 100x between calls (a parallel loop whose second thread must wait for a core
         # another process holds), so a batch sized from a fast estimate could run for minutes: a batch stops once
         # it has run OVERSHOOT x min_repeat_ms, and the calls it made become `number`.
         limit = OVERSHOOT * min_s if min_s > 0 else math.inf
         for _ in range(req["repeat"]):
-            seconds, calls = _time(k.fn, ptrs, number, flush, limit)
+            seconds, calls = _time(k.fn, ptrs, number, before, limit)
             while seconds < min_s:
                 # aim straight at min_repeat_ms from this estimate, but grow by at least the golden ratio
                 per_call = seconds / calls
                 want = math.ceil(min_s / per_call) + 1 if per_call > 0 else number * 10
                 number = max(want, math.ceil(number * GOLDEN))
-                seconds, calls = _time(k.fn, ptrs, number, flush, limit)
+                seconds, calls = _time(k.fn, ptrs, number, before, limit)
             number = calls
             costs.append(seconds / calls)
         return {"ok": True, "costs": costs, "number": number}
     finally:
         k.close()
+
+
+_evictors: dict[str, ctypes.CDLL] = {}
+
+
+def _cache_preparation(req: dict, task: _Task) -> Callable[[], None] | None:
+    """What runs before each timed call: overwrite a buffer twice the L3 (`flush_bytes`: every cache cold), and/or
+    flush the lines of the inputs listed in `evict` (the model's weights cold, as in a run of a model whose weights
+    exceed the L3, while the activations stay where the previous kernel left them)."""
+    steps: list[Callable[[], None]] = []
+    if req.get("flush_bytes"):
+        flush = np.zeros(req["flush_bytes"] // 8, np.int64)
+
+        def overwrite() -> None:
+            flush[...] += 1
+
+        steps.append(overwrite)
+    if req.get("evict"):
+        path = req["evict_lib"]
+        if path not in _evictors:
+            _evictors[path] = ctypes.CDLL(path)
+            _evictors[path].tilefarm_evict.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        evict = _evictors[path].tilefarm_evict
+        spans = [(task.inputs[i].ctypes.data, task.inputs[i].nbytes) for i in req["evict"]]
+
+        def evict_inputs() -> None:
+            for ptr, n in spans:
+                evict(ptr, n)
+
+        steps.append(evict_inputs)
+
+    def prepare() -> None:
+        for step in steps:
+            step()
+
+    return prepare if steps else None
 
 
 def reference(req: dict) -> dict:

@@ -24,6 +24,9 @@ class Task:
     dag: ComputeDAG
     name: str
     weight: int = 1
+    # positions of the DAG inputs that are the model's constants (weights, biases) in every call: in a model whose
+    # weights exceed the last-level cache they arrive cold, which a measurement can reproduce (LocalRunner)
+    constants: tuple[int, ...] = ()
 
     @property
     def flop_count(self) -> int:
@@ -95,10 +98,13 @@ def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:
     for group in fuse(optimized):
         dag, args = group_dag(group)
         key = dag.workload_key
+        constants = tuple(i for i, v in enumerate(args[: len(dag.inputs)]) if v.const is not None)
         if key in tasks:
-            tasks[key].weight += 1
+            t = tasks[key]
+            t.weight += 1
+            t.constants = tuple(i for i in t.constants if i in constants)
         else:
-            tasks[key] = Task(key, dag, _task_name(group))
+            tasks[key] = Task(key, dag, _task_name(group), constants=constants)
         calls.append(Call(tasks[key], args))
     return list(tasks.values()), calls, optimized
 

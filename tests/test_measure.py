@@ -3,6 +3,7 @@ candidate in the same builder or runner still measures."""
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import threading
 import time
@@ -234,3 +235,50 @@ def test_measured_arrays_start_on_a_cache_line():
         b = aligned(a)
         assert b.ctypes.data % ALIGN == 0 and b.flags.c_contiguous and b.dtype == a.dtype
         np.testing.assert_array_equal(b, a)
+
+
+def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(builder, tmp_path, monkeypatch):
+    """The runner sends the task's constant inputs (here B, as a model's weight) for eviction; the sandbox flushes
+    their cache lines before each call, and the candidate still checks and times."""
+    from compiler import measure_worker
+
+    task = Task(TASK.key, TASK.dag, TASK.name, constants=(1,))
+    with LocalRunner(timeout=5.0, number=2, repeat=2, min_repeat_ms=5, threads=1, cold_constants=True) as cold:
+        assert cold._task_fields(task)["evict"] == [1] and cold._task_fields(TASK)["evict"] == []
+        results = measure([MeasureInput(task, gemm(task.dag).steps)], builder, cold)
+        assert results[0].ok, results[0].message
+        lib = cold._evict_lib
+        # what the sandbox does, in this process: flushing writes dirty lines back, so data never changes
+        flushed: list[tuple[int, int]] = []
+        evictor = measure_worker._evictors.setdefault(lib, ctypes.CDLL(lib))
+        evictor.tilefarm_evict.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        real = evictor.tilefarm_evict
+        a = measure_worker.aligned(np.arange(1000, dtype=np.float32))
+        real(a.ctypes.data, a.nbytes)
+        np.testing.assert_array_equal(a, np.arange(1000, dtype=np.float32))
+
+        class Data:
+            inputs = [a, measure_worker.aligned(np.ones(16, np.float32))]
+
+        monkeypatch.setattr(evictor, "tilefarm_evict", lambda p, n: flushed.append((p, n)))
+        prepare = measure_worker._cache_preparation({"evict": [0], "evict_lib": lib}, Data)
+        prepare()
+        prepare()
+        assert flushed == [(a.ctypes.data, a.nbytes)] * 2
+    assert measure_worker._cache_preparation({"evict": [], "flush_bytes": 0}, Data) is None
+
+
+def test_tasks_know_which_inputs_are_model_constants():
+    from compiler.examples import resnet18
+    from compiler.onnx_frontend import load
+    from compiler.tasks import extract_tasks
+
+    tasks, calls, _ = extract_tasks(load(resnet18()))
+    for t in tasks:
+        consts = [
+            {i for i, v in enumerate(c.args[: len(t.dag.inputs)]) if v.const is not None} for c in calls if c.task is t
+        ]
+        assert set(t.constants) == set.intersection(*consts)
+    conv = next(t for t in tasks if t.name == "fused_blockedconv_add_relu")
+    assert [conv.dag.inputs[i] for i in conv.constants] == [n for n in conv.dag.inputs if "_bn_" in n or "bias" in n]
+    assert len(conv.constants) == 2  # the weight and the bias; the data and the residual are activations

@@ -242,6 +242,7 @@ def _tune_options(args: argparse.Namespace):
         early_stopping=args.early_stopping,
         seed=args.seed,
         params=SearchParams(population=args.population),
+        share_siblings=not args.no_sibling_sharing,
     )
 
 
@@ -284,7 +285,9 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
     model = _cost_model(args, db if args.database else None)
     with (
         LocalBuilder() as builder,
-        LocalRunner(repeat=args.repeat, threads=args.threads, cache_flush=args.cache_flush) as runner,
+        LocalRunner(
+            repeat=args.repeat, threads=args.threads, cache_flush=args.cache_flush, cold_constants=args.cold_weights
+        ) as runner,
     ):
         sched = TaskScheduler(
             tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live
@@ -464,7 +467,19 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="time each call after overwriting the caches (weights arrive cold, as in a whole model)",
         )
+        t.add_argument(
+            "--cold-weights",
+            action="store_true",
+            help="flush the model's weights (only) from the caches before each timed call, as in a run of a model "
+            "whose weights exceed the last-level cache",
+        )
         t.add_argument("--seed", type=int, default=0)
+        t.add_argument(
+            "--no-sibling-sharing",
+            action="store_true",
+            help="tune every task alone (by default tasks of one anchor shape, e.g. a conv under two epilogues, "
+            "try each other's best programs)",
+        )
         t.add_argument("--cost-model", choices=["xgb", "random"], default="xgb", help="random: ablation baseline")
         t.add_argument("--model-file", help="load the XGBoost cost model from here if it exists; save it after")
         t.add_argument(
