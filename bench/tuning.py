@@ -29,7 +29,8 @@ from compiler.features import extract
 from compiler.measure import LocalBuilder, LocalRunner
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
-from compiler.tasks import Task
+from compiler.target import Target
+from compiler.tasks import Task, constant_bytes, weights_arrive_cold
 from compiler.tune import TaskScheduler, TuneOptions
 
 HELD_OUT_AFTER = 512
@@ -198,10 +199,14 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
     graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
-    tasks, _, _ = extract_tasks(graph)
+    tasks, calls, _ = extract_tasks(graph)
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
     flush = args.model_cache_flush
+    cold = args.model_weights == "cold" or (
+        args.model_weights == "auto" and weights_arrive_cold(calls, Target.host().l3_bytes)
+    )
+    print(f"    weights {constant_bytes(calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
         tasks,
         args.model_trials,
@@ -211,7 +216,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
         args.resume,
         cache_flush=flush,
         share_siblings=not args.no_sibling_sharing,
-        cold_constants=args.model_cold_weights,
+        cold_constants=cold,
     )
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched, prior_s)
@@ -250,9 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         help="tune ResNet-18's tasks with caches flushed before every call (its weights exceed the L3 in a run)",
     )
     p.add_argument(
-        "--model-cold-weights",
-        action="store_true",
-        help="tune ResNet-18's tasks with their weights flushed from the caches before every call, activations warm",
+        "--model-weights",
+        choices=["auto", "cold", "warm"],
+        default="auto",
+        help="cold: tune ResNet-18's tasks with their weights flushed from the caches before every call (activations "
+        "warm); auto (default, as tilefarm tune): cold when the model's weights exceed the last-level cache",
     )
     p.add_argument("--repeat", type=int, default=7, help="interleaved timing samples per system")
     p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler import ops, te
 from compiler.dag import ComputeDAG, topological_tensors
 from compiler.errors import TilefarmError, UnsupportedOp
@@ -107,6 +109,21 @@ def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:
             tasks[key] = Task(key, dag, _task_name(group), constants=constants)
         calls.append(Call(tasks[key], args))
     return list(tasks.values()), calls, optimized
+
+
+DEFAULT_L3 = 32 << 20  # bytes assumed when the host does not say
+
+
+def constant_bytes(calls: list[Call]) -> int:
+    """Bytes of the model's constants (weights, biases) that its kernel calls read, each counted once."""
+    seen = {id(v): v for c in calls for v in c.args if v.const is not None}
+    return sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize for v in seen.values())
+
+
+def weights_arrive_cold(calls: list[Call], l3_bytes: int | None) -> bool:
+    """Whether a run of the model evicts each kernel's weights before its next call: its constants exceed the
+    last-level cache, so every inference streams them from memory (ResNet-18: 46.8 MB against a 32 MB L3)."""
+    return constant_bytes(calls) > (l3_bytes or DEFAULT_L3)
 
 
 def _task_name(group: Group) -> str:

@@ -271,7 +271,7 @@ def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(bui
 def test_tasks_know_which_inputs_are_model_constants():
     from compiler.examples import resnet18
     from compiler.onnx_frontend import load
-    from compiler.tasks import extract_tasks
+    from compiler.tasks import constant_bytes, extract_tasks, weights_arrive_cold
 
     tasks, calls, _ = extract_tasks(load(resnet18()))
     for t in tasks:
@@ -282,3 +282,6 @@ def test_tasks_know_which_inputs_are_model_constants():
     conv = next(t for t in tasks if t.name == "fused_blockedconv_add_relu")
     assert [conv.dag.inputs[i] for i in conv.constants] == [n for n in conv.dag.inputs if "_bn_" in n or "bias" in n]
     assert len(conv.constants) == 2  # the weight and the bias; the data and the residual are activations
+    # ResNet-18's weights (46.8 MB) exceed a 32 MiB L3, so a run meets them cold; a 64 MiB cache would hold them
+    assert 46e6 < constant_bytes(calls) < 47e6
+    assert weights_arrive_cold(calls, 32 << 20) and not weights_arrive_cold(calls, 64 << 20)

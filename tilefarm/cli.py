@@ -286,7 +286,10 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
     with (
         LocalBuilder() as builder,
         LocalRunner(
-            repeat=args.repeat, threads=args.threads, cache_flush=args.cache_flush, cold_constants=args.cold_weights
+            repeat=args.repeat,
+            threads=args.threads,
+            cache_flush=args.cache_flush,
+            cold_constants=args.weights == "cold",
         ) as runner,
     ):
         sched = TaskScheduler(
@@ -331,11 +334,17 @@ def _cost_model(args: argparse.Namespace, database=None):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import extract_tasks
+    from compiler.target import Target
+    from compiler.tasks import constant_bytes, extract_tasks, weights_arrive_cold
 
     graph = _load_model(args.model, args.input_shapes)
     tasks, calls, _ = extract_tasks(graph)
     print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
+    if args.weights == "auto":
+        l3 = Target.host().l3_bytes
+        args.weights = "cold" if weights_arrive_cold(calls, l3) else "warm"
+        mb, l3_mb = constant_bytes(calls) / 2**20, (l3 or 0) / 2**20
+        print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
     return _run_tuning(tasks, args)
 
 
@@ -468,10 +477,11 @@ def main(argv: list[str] | None = None) -> int:
             help="time each call after overwriting the caches (weights arrive cold, as in a whole model)",
         )
         t.add_argument(
-            "--cold-weights",
-            action="store_true",
-            help="flush the model's weights (only) from the caches before each timed call, as in a run of a model "
-            "whose weights exceed the last-level cache",
+            "--weights",
+            choices=["auto", "cold", "warm"],
+            default="auto",
+            help="cold: flush the model's weights (only) from the caches before each timed call, as a run of a model "
+            "whose weights exceed the last-level cache meets them; auto (default): cold exactly then",
         )
         t.add_argument("--seed", type=int, default=0)
         t.add_argument(
