@@ -9,8 +9,10 @@ folder, so `tilefarm serve` needs no server and runs the very same tasks."""
 from __future__ import annotations
 
 from celery import Celery
+from kombu.transport import TRANSPORT_ALIASES
 
 from server.settings import Settings
+from workers import fs_broker
 
 SEARCH_QUEUE = "search"
 SEARCH_JOB = "tilefarm.search_job"
@@ -28,7 +30,10 @@ def make_celery(settings: Settings) -> Celery:
         root = settings.storage / "broker"
         for sub in ("queue", "processed", "results", "control"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        broker = "filesystem://localhost//"  # a host named, or kombu warns on every connection that it assumes one
+        # kombu's file-system transport with whole-file writes (workers.fs_broker); a host named, or kombu warns on
+        # every connection that it assumes one
+        TRANSPORT_ALIASES.setdefault(fs_broker.SCHEME, "workers.fs_broker:Transport")
+        broker = f"{fs_broker.SCHEME}://localhost//"
         transport = {
             "data_folder_in": str(root / "queue"),
             "data_folder_out": str(root / "queue"),

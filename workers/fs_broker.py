@@ -1,0 +1,39 @@
+"""The embedded broker's transport: kombu's file-system transport, except that a message file appears in the queue
+folder only once it is whole.
+
+kombu's own `_put` creates `<time>_<uuid>.<queue>.msg` and then writes into it, while a consumer's `_get` lists the
+folder, moves the first matching file away and parses it without waiting for the writer: a consumer that comes
+between the two reads an empty file, and the JSON error stops its worker. Under load (the test suite on 2 cores)
+that happened: the dashboard's measurement worker died before the job's first batch. Here the message is written
+under a name no consumer matches and renamed into place, which is atomic within one folder.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from time import monotonic
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
+
+SCHEME = "tilefarm-fs"  # the broker URL scheme make_celery registers for this transport
+
+
+class Channel(filesystem.Channel):
+    def _put(self, queue, payload, **kwargs):
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        partial = os.path.join(self.data_folder_out, f".{name}.part")  # `_get` matches only "*.<queue>.msg"
+        try:
+            with open(partial, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.replace(partial, final)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel
