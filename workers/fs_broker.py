@@ -23,13 +23,14 @@ SCHEME = "tilefarm-fs"  # the broker URL scheme make_celery registers for this t
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue, message, **kwargs):
+    # kombu.transport.filesystem.Channel._put already differs from its base (payload vs message): follow the parent
+    def _put(self, queue, payload, **kwargs):  # type: ignore[override]
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = os.path.join(self.data_folder_out, f".{name}.part")  # `_get` matches only "*.<queue>.msg"
         try:
             with open(partial, "wb") as f:
-                f.write(str_to_bytes(dumps(message)))
+                f.write(str_to_bytes(dumps(payload)))
             os.replace(partial, final)
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
