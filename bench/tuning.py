@@ -30,7 +30,7 @@ from compiler.measure import LocalBuilder, LocalRunner
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Task, constant_bytes, weights_arrive_cold
+from compiler.tasks import WEIGHT_MODES, Task, constant_bytes, weights_timed_cold
 from compiler.tune import TaskScheduler, TuneOptions
 
 HELD_OUT_AFTER = 512
@@ -203,9 +203,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
     flush = args.model_cache_flush
-    cold = args.model_weights == "cold" or (
-        args.model_weights == "auto" and weights_arrive_cold(calls, Target.host().l3_bytes)
-    )
+    cold = weights_timed_cold(args.model_weights, calls, Target.host().l3_bytes)
     print(f"    weights {constant_bytes(calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
         tasks,
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--model-weights",
-        choices=["auto", "cold", "warm"],
+        choices=WEIGHT_MODES,
         default="auto",
         help="cold: tune ResNet-18's tasks with their weights flushed from the caches before every call (activations "
         "warm); auto (default, as tilefarm tune): cold when the model's weights exceed the last-level cache",

@@ -41,10 +41,6 @@ def _kernel_name(task: Task) -> str:
     return f"tf_{task.name}_{task.key[:8]}"
 
 
-def _nbytes(v: Value) -> int:
-    return int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-
-
 def _entry_source(
     graph: Graph, calls: list[Call], params: dict[int, int], offsets: dict[int, int], workspace: int
 ) -> str:
@@ -81,7 +77,7 @@ def _entry_source(
     for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
         if id(v) not in written and (id(v) in inputs or id(v) in params):
             src = f"inputs[{inputs[id(v)]}]" if id(v) in inputs else ptr(v)
-            lines.append(f"    memcpy(outputs[{i}], {src}, {_nbytes(v)});")
+            lines.append(f"    memcpy(outputs[{i}], {src}, {v.nbytes});")
     lines += ["    return 0;", "}"]
     return "\n".join(lines) + "\n"
 

@@ -88,6 +88,10 @@ class Value:
     def dtype(self) -> str:
         return self.type.dtype
 
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
     def __repr__(self):
         return f"%{self.name}: {self.type}"
 

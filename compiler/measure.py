@@ -33,7 +33,7 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.build import target_name
-from compiler.codegen import emit_shared_library
+from compiler.codegen import emit_shared_library, link_shared_library
 from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import IllegalStep, TilefarmError
@@ -41,7 +41,7 @@ from compiler.lower import lower
 from compiler.records import TuningRecord
 from compiler.runtime import OPENMP_ENV
 from compiler.state import Step, apply_steps
-from compiler.target import Target
+from compiler.target import DEFAULT_L3_BYTES, Target
 from compiler.tasks import Task
 
 # error codes (TuningRecord.error)
@@ -56,7 +56,6 @@ ERRORS = (INSTANTIATION, BUILD, BUILD_TIMEOUT, RUN, RUN_TIMEOUT, WRONG_ANSWER, U
 
 KERNEL = "kernel"  # the symbol every candidate library exports
 WORKER = Path(__file__).with_name("measure_worker.py")
-DEFAULT_L3 = 32 << 20  # the flush buffer is twice the L3, and this is assumed when sysfs does not say
 # Flushes a buffer's cache lines from every level (the measurement sandbox calls it between timed calls). Built once
 # per runner with the system C compiler; where neither x86's clflush nor AArch64's `dc civac` exists it does
 # nothing, and the measurement is then one with warm weights.
@@ -327,16 +326,9 @@ def random_inputs(dag: ComputeDAG, seed: int = 0) -> list[np.ndarray]:
 
 
 def _build_evictor(folder: Path) -> str:
-    src, lib = folder / "evict.c", folder / "evict.so"
+    src = folder / "evict.c"
     src.write_text(EVICT_C)
-    cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(lib), str(src)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as err:
-        raise TilefarmError(f"cold_constants: cannot run the C compiler {cmd[0]!r}: {err}") from None
-    if proc.returncode != 0:
-        raise TilefarmError(f"cold_constants: building the cache-line flush helper failed:\n{proc.stderr}")
-    return str(lib)
+    return str(link_shared_library(folder / "evict.so", [src]))
 
 
 class LocalRunner:
@@ -379,7 +371,8 @@ class LocalRunner:
         self.timeout, self.repeat, self.cache_flush = timeout, repeat, cache_flush
         self.number, self.min_repeat_ms = (1, 0) if cache_flush else (number, min_repeat_ms)
         self.threads, self.check, self.rtol, self.atol, self.seed = threads, check, rtol, atol, seed
-        self.flush_bytes = 2 * (Target.host().l3_bytes or DEFAULT_L3) if cache_flush else 0
+        # the flush buffer is twice the L3
+        self.flush_bytes = 2 * (Target.host().l3_bytes or DEFAULT_L3_BYTES) if cache_flush else 0
         self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
         self.cold_constants = cold_constants
         self._evict_lib = _build_evictor(self._dir) if cold_constants else None

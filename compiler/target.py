@@ -12,6 +12,9 @@ from pathlib import Path
 _CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
+DEFAULT_L3_BYTES = 32 << 20  # the last-level cache assumed where sysfs does not give its size
+
+
 @dataclass(frozen=True)
 class Target:
     """A code generation target: the CPU model LLVM tunes for and the sizes schedules are sized against."""

@@ -9,13 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from compiler import ops, te
 from compiler.dag import ComputeDAG, topological_tensors
 from compiler.errors import TilefarmError, UnsupportedOp
 from compiler.graph import Graph, Value
 from compiler.passes import Group, fuse, optimize
+from compiler.target import DEFAULT_L3_BYTES
 
 
 @dataclass
@@ -111,19 +110,23 @@ def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:
     return list(tasks.values()), calls, optimized
 
 
-DEFAULT_L3 = 32 << 20  # bytes assumed when the host does not say
+WEIGHT_MODES = ("auto", "cold", "warm")  # how tuning times a model's weights (`weights_timed_cold`)
 
 
 def constant_bytes(calls: list[Call]) -> int:
     """Bytes of the model's constants (weights, biases) that its kernel calls read, each counted once."""
-    seen = {id(v): v for c in calls for v in c.args if v.const is not None}
-    return sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize for v in seen.values())
+    return sum(v.nbytes for v in {id(v): v for c in calls for v in c.args if v.const is not None}.values())
 
 
 def weights_arrive_cold(calls: list[Call], l3_bytes: int | None) -> bool:
     """Whether a run of the model evicts each kernel's weights before its next call: its constants exceed the
     last-level cache, so every inference streams them from memory (ResNet-18: 46.8 MB against a 32 MB L3)."""
-    return constant_bytes(calls) > (l3_bytes or DEFAULT_L3)
+    return constant_bytes(calls) > (l3_bytes or DEFAULT_L3_BYTES)
+
+
+def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None) -> bool:
+    """A WEIGHT_MODES choice made: "cold" and "warm" as said, "auto" cold exactly when `weights_arrive_cold`."""
+    return mode == "cold" or (mode == "auto" and weights_arrive_cold(calls, l3_bytes))
 
 
 def _task_name(group: Group) -> str:

@@ -19,6 +19,7 @@ from compiler.errors import TilefarmError
 from compiler.lower import infer_bound, lower
 from compiler.state import apply_steps, initial_state, step_from_record
 from compiler.target import Target
+from compiler.tasks import WEIGHT_MODES
 
 
 def _gemm(shape: list[int]):
@@ -334,15 +335,14 @@ def _cost_model(args: argparse.Namespace, database=None):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.target import Target
-    from compiler.tasks import constant_bytes, extract_tasks, weights_arrive_cold
+    from compiler.tasks import constant_bytes, extract_tasks, weights_timed_cold
 
     graph = _load_model(args.model, args.input_shapes)
     tasks, calls, _ = extract_tasks(graph)
     print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
-        args.weights = "cold" if weights_arrive_cold(calls, l3) else "warm"
+        args.weights = "cold" if weights_timed_cold("auto", calls, l3) else "warm"
         mb, l3_mb = constant_bytes(calls) / 2**20, (l3 or 0) / 2**20
         print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
     return _run_tuning(tasks, args)
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         t.add_argument(
             "--weights",
-            choices=["auto", "cold", "warm"],
+            choices=WEIGHT_MODES,
             default="auto",
             help="cold: flush the model's weights (only) from the caches before each timed call, as a run of a model "
             "whose weights exceed the last-level cache meets them; auto (default): cold exactly then",

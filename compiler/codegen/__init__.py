@@ -199,12 +199,18 @@ def emit_shared_library(funcs, path, target: Target | None = None, extra_sources
         obj = Path(tmp) / "kernels.o"
         obj.write_bytes(tm.emit_object(mod))
         libs = ["-lgomp", "-lm"] + (["-lmvec"] if _libmvec() else [])
-        extra = [str(x) for x in extra_sources]
-        cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(path), *extra, str(obj), *libs]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as err:
-            raise BuildError(f"cannot run the linker {cmd[0]!r}: {err}") from None
+        return link_shared_library(path, [*extra_sources, obj], libs)
+
+
+def link_shared_library(path, inputs, libs=()) -> Path:
+    """Compile and link C/assembler sources and objects into the shared library `path` with the system C compiler
+    ($CC, default cc); a BuildError names the command and its output when that fails."""
+    path = Path(path)
+    cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(path), *map(str, inputs), *libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as err:
+        raise BuildError(f"cannot run the linker {cmd[0]!r}: {err}") from None
     if proc.returncode != 0:
         raise BuildError(f"linking {path} failed ({' '.join(cmd)}):\n{proc.stderr}")
     return path
