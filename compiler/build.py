@@ -10,6 +10,7 @@ import os
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
 from compiler.passes import Group, plan_memory
-from compiler.records import Database, TuningRecord
+from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Call, Task, extract_tasks
+from compiler.tasks import Call, Task, extract_tasks, weights_arrive_cold
 
 ALIGN = 64
 
@@ -139,15 +140,34 @@ def first_replaying(task: Task, records: list[TuningRecord]) -> tuple[TuningReco
     return None
 
 
-def schedule_tasks(tasks: list[Task], database: Database | None, target: Target) -> tuple[list, dict[str, dict]]:
-    """The best record per task when the database has one that replays, else the default schedule; returns the
-    States and, per task key, the record used."""
+def cache_preference(calls: list[Call], target: Target) -> tuple[str, ...]:
+    """The cache conditions whose records compile prefers, in order: first the one a run of this model meets (its
+    weights cold when the model's constants exceed the last-level cache, warm otherwise), then the others."""
+    first = COLD_WEIGHTS if weights_arrive_cold(calls, target.l3_bytes) else WARM
+    return (first, *(c for c in CACHE_CONDITIONS if c != first))
+
+
+def best_replaying(
+    task: Task, database: Database, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS
+) -> tuple[TuningRecord, State] | None:
+    """The fastest record of the task measured on this host class that replays, taken from the first cache
+    condition in `prefer` that has one: timings of different conditions are never compared with each other."""
+    for cache in prefer:
+        found = database.best(task.key, target_name(target), target.fingerprint(), k=REPLAY_CANDIDATES, cache=cache)
+        replayed = first_replaying(task, found)
+        if replayed is not None:
+            return replayed
+    return None
+
+
+def schedule_tasks(
+    tasks: list[Task], database: Database | None, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS
+) -> tuple[list, dict[str, dict]]:
+    """The best record per task when the database has one that replays (best_replaying), else the default
+    schedule; returns the States and, per task key, the record used."""
     states, used = [], {}
     for t in tasks:
-        found = None
-        if database is not None:
-            best = database.best(t.key, target_name(target), target.fingerprint(), k=REPLAY_CANDIDATES)
-            found = first_replaying(t, best)
+        found = best_replaying(t, database, target, prefer) if database is not None else None
         if found is None:
             states.append(default_schedule(t.dag))
             continue
@@ -156,6 +176,7 @@ def schedule_tasks(tasks: list[Task], database: Database | None, target: Target)
             "workload_key": t.key,
             "host": rec.host,
             "mean_seconds": rec.mean_cost,
+            "cache": rec.cache,
             "timestamp": rec.timestamp,
             "version": rec.version,
         }
@@ -169,7 +190,7 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
     tasks, calls, optimized = extract_tasks(graph)
     t1 = time.perf_counter()
     host = Target.host()
-    states, used = schedule_tasks(tasks, records, host)
+    states, used = schedule_tasks(tasks, records, host, cache_preference(calls, host))
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
     consts = {id(v): v for c in calls for v in c.args if v.const is not None}
@@ -258,7 +279,8 @@ def run_in_process(
     """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
     many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
     tasks, calls, optimized = extract_tasks(graph)
-    states, _ = schedule_tasks(tasks, records, Target.host())
+    host = Target.host()
+    states, _ = schedule_tasks(tasks, records, host, cache_preference(calls, host))
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
     kernels = codegen.compile_funcs(funcs) if funcs else {}

@@ -38,7 +38,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import IllegalStep, TilefarmError
 from compiler.lower import lower
-from compiler.records import TuningRecord
+from compiler.records import COLD_WEIGHTS, FLUSHED, WARM, TuningRecord
 from compiler.runtime import OPENMP_ENV
 from compiler.state import Step, apply_steps
 from compiler.target import DEFAULT_L3_BYTES, Target
@@ -108,6 +108,7 @@ class MeasureResult:
     build_seconds: float
     run_seconds: float
     timestamp: float = field(default_factory=time.time)
+    cache: str = WARM  # the cache condition the costs were timed in (compiler.records.CACHE_CONDITIONS)
 
     @property
     def ok(self) -> bool:
@@ -125,6 +126,11 @@ class Builder(Protocol):
 
 
 class Runner(Protocol):
+    @property
+    def cache(self) -> str:
+        """The cache condition it times candidates in (compiler.records.CACHE_CONDITIONS)."""
+        ...
+
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
         """One result per input; a failed build passes its error through."""
         ...
@@ -152,6 +158,7 @@ def to_record(inp: MeasureInput, res: MeasureResult, target: Target) -> TuningRe
         error_message=res.message,
         timestamp=res.timestamp,
         trace=inp.trace,
+        cache=res.cache,
     )
 
 
@@ -376,6 +383,7 @@ class LocalRunner:
         self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
         self.cold_constants = cold_constants
         self._evict_lib = _build_evictor(self._dir) if cold_constants else None
+        self.cache = FLUSHED if cache_flush else COLD_WEIGHTS if cold_constants else WARM
         self._proc: subprocess.Popen | None = None
         self._busy = False  # a request was sent and its reply not read
         self._tasks: dict[str, str | None] = {}  # workload key -> why its reference failed (None: ready)
@@ -386,13 +394,13 @@ class LocalRunner:
 
     def _run_one(self, inp: MeasureInput, build: BuildResult) -> MeasureResult:
         if build.error or not build.path:
-            return MeasureResult((), build.error or UNKNOWN, build.message, build.seconds, 0.0)
+            return MeasureResult((), build.error or UNKNOWN, build.message, build.seconds, 0.0, cache=self.cache)
         try:
             failed = self._prepare(inp.task)
         except Exception as e:  # noqa: BLE001 - e.g. the default schedule does not compile: fail, keep tuning
             failed = self._tasks[inp.task.key] = f"cannot make the reference outputs: {type(e).__name__}: {e}"
         if failed:
-            return MeasureResult((), UNKNOWN, failed, build.seconds, 0.0)
+            return MeasureResult((), UNKNOWN, failed, build.seconds, 0.0, cache=self.cache)
         t0 = time.perf_counter()
         reply, error, message = self._request(
             {
@@ -410,10 +418,10 @@ class LocalRunner:
         )
         seconds = time.perf_counter() - t0
         if reply is not None and reply["ok"]:
-            return MeasureResult(tuple(reply["costs"]), None, "", build.seconds, seconds)
+            return MeasureResult(tuple(reply["costs"]), None, "", build.seconds, seconds, cache=self.cache)
         if reply is not None:
             error, message = reply["error"], reply["message"]
-        return MeasureResult((), error, message, build.seconds, seconds)
+        return MeasureResult((), error, message, build.seconds, seconds, cache=self.cache)
 
     def _task_fields(self, task: Task) -> dict:
         outputs = [(o, task.dag.op(o).shape, task.dag.op(o).dtype) for o in task.dag.outputs]

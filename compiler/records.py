@@ -18,6 +18,13 @@ from compiler.errors import TilefarmError
 
 VERSION = "0.1.0"
 
+# The cache condition a record's timings were taken in (compiler.measure.LocalRunner): "warm", every input in cache
+# from the call before; "cold-weights", the model's constants flushed before each call, as a run of a model whose
+# weights exceed the last-level cache meets them; "flushed", every cache overwritten before each call. The same
+# schedule times differently in each, so records are compared only within one condition.
+WARM, COLD_WEIGHTS, FLUSHED = "warm", "cold-weights", "flushed"
+CACHE_CONDITIONS = (WARM, COLD_WEIGHTS, FLUSHED)
+
 
 class RecordError(TilefarmError):
     """A record or records file that cannot be read."""
@@ -35,6 +42,11 @@ class TuningRecord:
     timestamp: float = field(default_factory=time.time)
     version: str = VERSION
     trace: dict | None = None  # how the search made it ({"sketch": i, "decisions": …}), to evolve from on resume
+    cache: str = WARM  # the cache condition it was timed in (CACHE_CONDITIONS)
+
+    def __post_init__(self):
+        if self.cache not in CACHE_CONDITIONS:
+            raise RecordError(f"unknown cache condition {self.cache!r}: one of {', '.join(CACHE_CONDITIONS)}")
 
     @property
     def ok(self) -> bool:
@@ -45,9 +57,10 @@ class TuningRecord:
         return sum(self.costs) / len(self.costs) if self.ok else float("inf")
 
     @property
-    def identity(self) -> tuple[str, str, str]:
-        """What makes a record unique: the same schedule measured twice on one host is one record."""
-        return self.workload_key, self.host, json.dumps(self.steps, separators=(",", ":"))
+    def identity(self) -> tuple[str, str, str, str]:
+        """What makes a record unique: the same schedule measured twice on one host in one cache condition is one
+        record."""
+        return self.workload_key, self.host, json.dumps(self.steps, separators=(",", ":")), self.cache
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -67,6 +80,7 @@ class TuningRecord:
                 float(d.get("timestamp", 0.0)),
                 d.get("version", ""),
                 d.get("trace"),
+                d.get("cache", WARM),  # files written before records carried it were timed warm
             )
         except (ValueError, KeyError, TypeError) as e:
             raise RecordError(f"not a tuning record: {e}: {line[:120]!r}") from None
@@ -99,17 +113,21 @@ class Database(Protocol):
         """Store a record; False if an identical one (same workload, host and steps) is already stored."""
         ...
 
-    def best(self, workload_key: str, target: str, host: str | None = None, k: int = 1) -> list[TuningRecord]:
-        """The k fastest error-free records for a workload on a target (and host, when given)."""
+    def best(
+        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cache: str | None = None
+    ) -> list[TuningRecord]:
+        """The k fastest error-free records for a workload on a target (and host, and cache condition, when given)."""
         ...
 
     def __iter__(self) -> Iterator[TuningRecord]:
         """Every record, for training cost models and exporting."""
         ...
 
-    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
-        """Every record (failed ones too) of these workloads for `target` measured on `host`, in commit order: what
-        resuming a tuning run takes as already measured."""
+    def records_of(
+        self, workload_keys: Iterable[str], target: str, host: str, cache: str | None = None
+    ) -> Iterator[TuningRecord]:
+        """Every record (failed ones too) of these workloads for `target` measured on `host` (in cache condition
+        `cache`, when given), in commit order: what resuming a tuning run takes as already measured."""
         ...
 
 
@@ -119,7 +137,7 @@ class JSONLinesDatabase:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._records: list[TuningRecord] = []
-        self._seen: set[tuple[str, str, str]] = set()
+        self._seen: set[tuple[str, str, str, str]] = set()
         if self.path.exists():
             for r in read_records(self.path):
                 self._add(r)
@@ -144,33 +162,47 @@ class JSONLinesDatabase:
         return sum(self.commit(r) for r in records)
 
     def export(self, path: str | Path, best_only: bool = False) -> int:
-        """Write the records (or only the fastest per workload, target and host) to a JSON-lines file that
-        `import_records(read_records(path))` takes back; returns how many were written."""
+        """Write the records (or only the fastest per workload, target, host and cache condition) to a JSON-lines
+        file that `import_records(read_records(path))` takes back; returns how many were written."""
         records = list(self._records)
         if best_only:
-            best: dict[tuple[str, str, str], TuningRecord] = {}
+            best: dict[tuple[str, str, str, str], TuningRecord] = {}
             for r in records:
-                k = (r.workload_key, r.target, r.host)
+                k = (r.workload_key, r.target, r.host, r.cache)
                 if r.ok and (k not in best or r.mean_cost < best[k].mean_cost):
                     best[k] = r
             records = list(best.values())
         Path(path).write_text("".join(r.to_json() + "\n" for r in records))
         return len(records)
 
-    def best(self, workload_key: str, target: str, host: str | None = None, k: int = 1) -> list[TuningRecord]:
+    def best(
+        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cache: str | None = None
+    ) -> list[TuningRecord]:
         found = [
             r
             for r in self._records
-            if r.ok and r.workload_key == workload_key and r.target == target and (host is None or r.host == host)
+            if r.ok
+            and r.workload_key == workload_key
+            and r.target == target
+            and (host is None or r.host == host)
+            and (cache is None or r.cache == cache)
         ]
         return sorted(found, key=lambda r: r.mean_cost)[:k]
 
     def __iter__(self) -> Iterator[TuningRecord]:
         return iter(list(self._records))
 
-    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
+    def records_of(
+        self, workload_keys: Iterable[str], target: str, host: str, cache: str | None = None
+    ) -> Iterator[TuningRecord]:
         keys = set(workload_keys)
-        return iter([r for r in self._records if r.workload_key in keys and r.target == target and r.host == host])
+        return iter(
+            [
+                r
+                for r in self._records
+                if r.workload_key in keys and r.target == target and r.host == host and cache in (None, r.cache)
+            ]
+        )
 
     def __len__(self) -> int:
         return len(self._records)

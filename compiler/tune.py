@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from compiler.annotate import program_key
-from compiler.build import first_replaying, target_name
+from compiler.build import best_replaying, target_name
 from compiler.cost_model import CostModel, XGBModel
 from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
 from compiler.measure import Builder, LocalBuilder, LocalRunner, MeasureInput, Runner, to_record
-from compiler.records import Database, TuningRecord
+from compiler.records import CACHE_CONDITIONS, Database, TuningRecord
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
@@ -129,13 +129,15 @@ class TaskScheduler:
     # ------------------------------------------------------------------------------------------ resume
 
     def resume(self, train: bool = True) -> int:
-        """Take every record of these tasks (this target and host) from the database as measured: never measured
-        again, counted as trials, the best kept, and (with `train`; not for a cost model loaded from a file, which
-        holds them already) the cost model trained on them. Returns how many were taken."""
+        """Take every record of these tasks (this target and host, timed in the runner's cache condition) from the
+        database as measured: never measured again, counted as trials, the best kept, and (with `train`; not for a
+        cost model loaded from a file, which holds them already) the cost model trained on them. Returns how many
+        were taken."""
         by_key = {p.task.key: p for p in self.progress}
         xs, costs, groups = [], [], []
         target, host = target_name(self.target), self.target.fingerprint()
-        for rec in self.database.records_of(by_key, target, host):
+        # timings of another cache condition do not compare with this runner's: those candidates are measured again
+        for rec in self.database.records_of(by_key, target, host, cache=self.runner.cache):
             p = by_key[rec.workload_key]
             key = rec.identity[2]  # the step list as JSON, the form program_key gives
             if key in p.policy.measured:
@@ -361,16 +363,21 @@ class TaskCoverage:
 
 
 def coverage(
-    tasks: list[Task], database: Database, target: Target | None = None, trials_per_task: int = TRIALS_PER_TASK
+    tasks: list[Task],
+    database: Database,
+    target: Target | None = None,
+    trials_per_task: int = TRIALS_PER_TASK,
+    prefer: Sequence[str] = CACHE_CONDITIONS,
 ) -> list[TaskCoverage]:
     """Per task, the database's records valid here: error-free, for this target and measured on a host with this
-    fingerprint (timings from another machine class do not count), and the trials still needed by the rule
+    fingerprint (timings from another machine class do not count), in any cache condition; the record compile would
+    apply (its cache conditions in the order `prefer`); and the trials still needed by the rule
     max(0, trials_per_task - valid records)."""
     target = target or Target.host()
     out = []
     for t in tasks:
         found = database.best(t.key, target_name(target), target.fingerprint(), k=trials_per_task)
-        best = first_replaying(t, found)  # the record compile would apply
+        best = best_replaying(t, database, target, prefer)
         out.append(TaskCoverage(t, len(found), best[0] if best else None, max(0, trials_per_task - len(found))))
     return out
 

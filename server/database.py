@@ -25,7 +25,7 @@ from server.models import Host, Record, TargetRow, Workload
 from server.settings import Settings
 
 BATCH = 1000  # records per query when iterating the whole database
-_RECORD_IDENTITY = ["workload_id", "host_id", "steps_hash"]  # the unique key on tuning_records
+_RECORD_IDENTITY = ["workload_id", "host_id", "steps_hash", "cache"]  # the unique key on tuning_records
 # what a stored record holds besides the TuningRecord: who measured it, for which job, and how long it took
 RECORD_EXTRAS = ("created_by", "job_id", "build_seconds", "run_seconds")
 # what a host row says besides its fingerprint; exports carry it, so a merged database knows where timings came from
@@ -208,6 +208,7 @@ class SQLDatabase:
             "timestamp": record.timestamp,
             "version": record.version,
             "trace": record.trace,
+            "cache": record.cache,
             **{column: extra.get(column) for column in RECORD_EXTRAS},
         }
         stmt = self._insert(Record).values(row).on_conflict_do_nothing(index_elements=_RECORD_IDENTITY)
@@ -225,7 +226,7 @@ class SQLDatabase:
         return added
 
     def commit(self, record: TuningRecord) -> bool:
-        """Store a record; False if one with the same workload, host and steps is already stored."""
+        """Store a record; False if one with the same workload, host, steps and cache condition is already stored."""
         return self._write([(record, None, {"created_by": self.created_by, "job_id": self.job_id})]) == 1
 
     def import_records(
@@ -304,6 +305,7 @@ class SQLDatabase:
                 Record.timestamp,
                 Record.version,
                 Record.trace,
+                Record.cache,
             )
             .join(Workload, Record.workload_id == Workload.id)
             .join(TargetRow, Record.target_id == TargetRow.id)
@@ -312,16 +314,22 @@ class SQLDatabase:
 
     @staticmethod
     def _record(row) -> TuningRecord:
-        _, key, target, host, steps, costs, error, message, timestamp, version, trace = row
-        return TuningRecord(
-            key, target, host, _tuples(json.loads(steps)), tuple(costs), error, message, timestamp, version, trace
-        )
+        _, key, target, host, steps, costs, error, message, timestamp, version, trace, cache = row
+        steps = _tuples(json.loads(steps))
+        return TuningRecord(key, target, host, steps, tuple(costs), error, message, timestamp, version, trace, cache)
 
     def best(
-        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cross_host: bool = False
+        self,
+        workload_key: str,
+        target: str,
+        host: str | None = None,
+        k: int = 1,
+        *,
+        cache: str | None = None,
+        cross_host: bool = False,
     ) -> list[TuningRecord]:
         """The k fastest error-free records for a workload on a target, measured on `host` (default: this machine;
-        records of any host only with cross_host=True)."""
+        records of any host only with cross_host=True) in cache condition `cache` (any, when None)."""
         if host is not None and cross_host:
             raise ValueError("best(): give a host or cross_host=True, not both")
         if host is None and not cross_host:
@@ -330,6 +338,8 @@ class SQLDatabase:
         q = self._select().where(Workload.key == workload_key, TargetRow.name == target, Record.mean_cost.is_not(None))
         if host is not None:
             q = q.where(Host.fingerprint == host)
+        if cache is not None:
+            q = q.where(Record.cache == cache)
         with self.engine.connect() as conn:
             return [self._record(r) for r in conn.execute(q.order_by(Record.mean_cost, Record.id).limit(k))]
 
@@ -337,14 +347,19 @@ class SQLDatabase:
         """Every record in commit order, read in batches (each its own short query, so no long-held cursor)."""
         return (record for _, record in self.training_records())
 
-    def records_of(self, workload_keys: Iterable[str], target: str, host: str) -> Iterator[TuningRecord]:
-        """Every record of these workloads for `target` measured on `host`, in commit order (one indexed query per
-        batch of ids: a team database holds every other model's records too)."""
+    def records_of(
+        self, workload_keys: Iterable[str], target: str, host: str, cache: str | None = None
+    ) -> Iterator[TuningRecord]:
+        """Every record of these workloads for `target` measured on `host` (in cache condition `cache`, when given),
+        in commit order (one indexed query per batch of ids: a team database holds every other model's records
+        too)."""
         keys, last = sorted(set(workload_keys)), 0
         while keys:
             q = self._select().where(
                 Workload.key.in_(keys), TargetRow.name == target, Host.fingerprint == host, Record.id > last
             )
+            if cache is not None:
+                q = q.where(Record.cache == cache)
             with self.engine.connect() as conn:
                 rows = conn.execute(q.order_by(Record.id).limit(BATCH)).all()
             yield from (self._record(r) for r in rows)
@@ -395,15 +410,15 @@ class SQLDatabase:
             return conn.execute(select(func.count()).select_from(Record)).scalar_one()
 
     def export(self, path: str | Path, best_only: bool = False) -> int:
-        """Write every record (or only the fastest per workload, target and host), in commit order, to a JSON-lines
-        file that `import_file` takes back. Each line is a TuningRecord (a `--records` file reads it too) plus its
-        provenance: who ran it and, on the first line of each host, that host's details where known (CPU model, ISA
-        features, cores, caches, tilefarm version). Returns how many were written."""
+        """Write every record (or only the fastest per workload, target, host and cache condition), in commit order,
+        to a JSON-lines file that `import_file` takes back. Each line is a TuningRecord (a `--records` file reads it
+        too) plus its provenance: who ran it and, on the first line of each host, that host's details where known
+        (CPU model, ISA features, cores, caches, tilefarm version). Returns how many were written."""
         hosts = self._hosts()
         q = self._select().add_columns(Record.created_by)
         if best_only:
             rank = func.row_number().over(
-                partition_by=(Record.workload_id, Record.target_id, Record.host_id),
+                partition_by=(Record.workload_id, Record.target_id, Record.host_id, Record.cache),
                 order_by=(Record.mean_cost, Record.id),
             )
             best = select(Record.id, rank.label("rank")).where(Record.mean_cost.is_not(None)).subquery()

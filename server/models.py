@@ -87,8 +87,9 @@ class Record(Base):
 
     __tablename__ = "tuning_records"
     __table_args__ = (
-        # a redelivered measurement (same schedule for the same workload on the same host) is one record
-        UniqueConstraint("workload_id", "host_id", "steps_hash"),
+        # a redelivered measurement (same schedule for the same workload on the same host, timed in the same cache
+        # condition) is one record
+        UniqueConstraint("workload_id", "host_id", "steps_hash", "cache"),
         Index("ix_tuning_records_best", "workload_id", "target_id", "host_id", "mean_cost"),
         Index("ix_tuning_records_training", "host_id", "workload_id"),
         # a job's records in commit order, paged (the dashboard's records table)
@@ -102,6 +103,8 @@ class Record(Base):
     steps_hash: Mapped[str] = mapped_column(String(64))  # sha256 of `steps`
     costs: Mapped[list[float]] = mapped_column(JSON)  # seconds per run, one per repeat
     mean_cost: Mapped[float | None] = mapped_column(Float)  # NULL for a failed measurement
+    # the cache condition it was timed in: "warm", "cold-weights" or "flushed" (compiler.records.CACHE_CONDITIONS)
+    cache: Mapped[str] = mapped_column(String(16), default="warm", server_default="warm")
     error: Mapped[str | None] = mapped_column(String(32))  # "build", "run", "timeout", "wrong_answer"
     error_message: Mapped[str] = mapped_column(Text, default="")
     build_seconds: Mapped[float | None] = mapped_column(Float)

@@ -105,14 +105,19 @@ def test_tune_a_model_then_compile_with_its_records(tmp_path, capsys):
     assert "kernels timed with weights warm" in out  # tiny_cnn's weights fit any last-level cache
     lines = records.read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line)["costs"] or json.loads(line)["error"] for line in lines)
-    # --resume: nothing measured twice, the budget counts new trials (timed with flushed caches and weights flushed
-    # before each call this time, every task tuned alone)
-    assert main([*tune, "--trials", "2", "--resume", "--cache-flush", "--no-sibling-sharing", "--weights", "cold"]) == 0
+    # --resume: nothing measured twice, the budget counts new trials (every task tuned alone this time)
+    assert main([*tune, "--trials", "2", "--resume", "--no-sibling-sharing"]) == 0
     assert "resumed 6 records" in capsys.readouterr().out
     programs = [
         json.dumps([(r := json.loads(line))["workload_key"], r["steps"]]) for line in records.read_text().splitlines()
     ]
     assert len(programs) == 8 == len(set(programs))
+    # timed in another cache condition (weights flushed before each call, or every cache), the warm records are not
+    # this run's measurements: nothing is resumed, and the new records say how they were timed
+    for flags, cache in [(["--weights", "cold"], "cold-weights"), (["--cache-flush"], "flushed")]:
+        assert main([*tune, "--trials", "2", "--resume", *flags]) == 0
+        assert "resumed 0 records" in capsys.readouterr().out
+        assert [json.loads(line)["cache"] for line in records.read_text().splitlines()[-2:]] == [cache] * 2
     assert main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--records", str(records)]) == 0
     assert "from records" in capsys.readouterr().out
 

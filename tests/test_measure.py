@@ -30,7 +30,7 @@ from compiler.measure import (
     measure,
     to_record,
 )
-from compiler.records import JSONLinesDatabase
+from compiler.records import COLD_WEIGHTS, JSONLinesDatabase
 from compiler.state import Split, apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import Task
@@ -245,8 +245,10 @@ def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(bui
     task = Task(TASK.key, TASK.dag, TASK.name, constants=(1,))
     with LocalRunner(timeout=5.0, number=2, repeat=2, min_repeat_ms=5, threads=1, cold_constants=True) as cold:
         assert cold._task_fields(task)["evict"] == [1] and cold._task_fields(TASK)["evict"] == []
-        results = measure([MeasureInput(task, gemm(task.dag).steps)], builder, cold)
+        inp = MeasureInput(task, gemm(task.dag).steps)
+        results = measure([inp], builder, cold)
         assert results[0].ok, results[0].message
+        assert cold.cache == results[0].cache == to_record(inp, results[0], Target.host()).cache == COLD_WEIGHTS
         lib = cold._evict_lib
         # what the sandbox does, in this process: flushing writes dirty lines back, so data never changes
         flushed: list[tuple[int, int]] = []

@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build, target_name
+from compiler.build import build, cache_preference, schedule_tasks, target_name
 from compiler.onnx_frontend import load
-from compiler.records import JSONLinesDatabase, RecordError, TuningRecord, read_records
+from compiler.records import (
+    COLD_WEIGHTS,
+    FLUSHED,
+    WARM,
+    JSONLinesDatabase,
+    RecordError,
+    TuningRecord,
+    read_records,
+)
 from compiler.runtime import Artifact
 from compiler.target import Target
 from compiler.tasks import extract_tasks
@@ -89,6 +97,34 @@ def test_compile_applies_the_best_record_and_lists_it(tmp_path):
     # without records: the default schedule, and nothing listed
     info = build(graph, tmp_path / "d.tar", name="d")
     assert info.records_used == {}
+
+
+def test_compile_takes_records_of_the_cache_condition_the_model_runs_in(tmp_path):
+    from dataclasses import replace
+
+    model, _ = dense_model()
+    (task,), calls, _ = extract_tasks(load(model))
+    host = Target.host()
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    warm = TuningRecord(task.key, target_name(host), host.fingerprint(), (), (1e-6,))
+    assert db.commit(warm) and db.commit(replace(warm, costs=(5e-6,), cache=COLD_WEIGHTS))  # one schedule, timed twice
+    # the dense model's 0.5 KB of weights stay in cache; with a last-level cache of 1 byte they would arrive cold
+    assert cache_preference(calls, host) == (WARM, COLD_WEIGHTS, FLUSHED)
+    assert cache_preference(calls, replace(host, l3_bytes=1)) == (COLD_WEIGHTS, WARM, FLUSHED)
+    for prefer, seconds in [((WARM, COLD_WEIGHTS), 1e-6), ((COLD_WEIGHTS, WARM), 5e-6), ((FLUSHED, WARM), 1e-6)]:
+        _, used = schedule_tasks([task], db, host, prefer)
+        assert used[task.key]["mean_seconds"] == seconds, prefer  # the first condition with a record, never mixed
+        assert used[task.key]["cache"] == (COLD_WEIGHTS if seconds == 5e-6 else WARM)
+
+
+def test_a_record_says_how_it_was_timed(tmp_path):
+    r = rec()
+    assert r.cache == WARM and TuningRecord.from_json(r.to_json()) == r
+    line = json.loads(r.to_json())
+    del line["cache"]  # written before records carried it: timed warm
+    assert TuningRecord.from_json(json.dumps(line)).cache == WARM
+    with pytest.raises(RecordError, match="unknown cache condition 'lukewarm'"):
+        TuningRecord.from_json(json.dumps({**line, "cache": "lukewarm"}))
 
 
 def test_export_and_import_round_trip(tmp_path):

@@ -126,24 +126,28 @@ def test_a_download_that_fails_its_checksum_is_deleted(service, onnx_model, tmp_
         assert c.download(art["id"], tmp_path / "good.tar")["sha256"] == art["sha256"]
 
 
-def test_cancel_and_resume(service, onnx_model):
-    with Client(service.url, service.token) as c:
-        model = c.upload(onnx_model)
-        job = c.create_job(model["id"], trials=100_000, per_round=4)
-        c.cancel(job["id"])  # queued: cancelled at once
-        assert c.job(job["id"])["state"] == "cancelled"
-        with pytest.raises(RemoteError, match="HTTP 409") as e:
-            c.cancel(job["id"])
-        assert e.value.status == 409 and e.value.code
-        resumed = c.resume(job["id"])
-        assert resumed["state"] == "queued" and resumed["attempt"] == job["attempt"] + 1
-        deadline = time.monotonic() + 60
-        while c.job(job["id"])["state"] == "queued" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert c.job(job["id"])["state"] == "running"
-        assert c.cancel(job["id"])["cancel_requested"]  # running: it stops at the end of its round
-        done = c.wait_job(job["id"])
-        assert done["state"] == "cancelled" and done["trials_done"] < 100_000, done
+def test_cancel_and_resume(tmp_path, onnx_model):
+    # the service starts without workers, so the job is still queued when it is cancelled (with a search worker
+    # polling, it may have started already); the workers join before the resume
+    with EmbeddedService(service_environ(tmp_path), workers=0, log_dir=tmp_path, prefix="cancel-") as svc:
+        with Client(svc.url, svc.token) as c:
+            model = c.upload(onnx_model)
+            job = c.create_job(model["id"], trials=100_000, per_round=4)
+            c.cancel(job["id"])  # queued: cancelled at once
+            assert c.job(job["id"])["state"] == "cancelled"
+            with pytest.raises(RemoteError, match="HTTP 409") as e:
+                c.cancel(job["id"])
+            assert e.value.status == 409 and e.value.code
+            svc.add_workers(1)  # the first attempt's message is stale now: the search worker drops it
+            resumed = c.resume(job["id"])
+            assert resumed["state"] == "queued" and resumed["attempt"] == job["attempt"] + 1
+            deadline = time.monotonic() + 60
+            while c.job(job["id"])["state"] == "queued" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert c.job(job["id"])["state"] == "running"
+            assert c.cancel(job["id"])["cancel_requested"]  # running: it stops at the end of its round
+            done = c.wait_job(job["id"])
+            assert done["state"] == "cancelled" and done["trials_done"] < 100_000, done
 
 
 def test_workers_and_tokens(service, tmp_path, capsys):

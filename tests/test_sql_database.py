@@ -11,7 +11,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from compiler.records import TuningRecord
+from compiler.records import COLD_WEIGHTS, FLUSHED, WARM, JSONLinesDatabase, TuningRecord, read_records
 from server.database import DatabaseError, SQLDatabase, this_host
 from server.migrate import current_revision, head_revision
 from server.models import Base
@@ -67,6 +67,44 @@ def test_records_of_takes_only_those_workloads_target_and_host(db, tmp_path):
     jsonl = JSONLinesDatabase(tmp_path / "records.jsonl")
     jsonl.import_records(db)
     assert list(jsonl.records_of({"w1", "w2"}, TARGET, "h1")) == mine
+
+
+def test_cache_conditions_are_kept_apart(db, tmp_path):
+    warm, cold = rec(costs=(1.0,)), replace(rec(costs=(2.0,)), cache=COLD_WEIGHTS)
+    assert db.commit(warm) and db.commit(cold)  # the same schedule timed in two conditions: two records
+    assert not db.commit(replace(cold, costs=(3.0,)))
+    slow_cold = replace(rec(tile=8, costs=(5.0,)), cache=COLD_WEIGHTS)
+    flushed = replace(rec(tile=8, costs=(9.0,)), cache=FLUSHED)
+    assert db.commit(slow_cold) and db.commit(flushed)
+    jsonl = JSONLinesDatabase(tmp_path / "records.jsonl")
+    assert jsonl.import_records(db) == 4
+    for d in (db, jsonl):
+        assert d.best("w1", TARGET, "h1", k=5, cache=COLD_WEIGHTS) == [cold, slow_cold]
+        assert d.best("w1", TARGET, "h1", k=5, cache=WARM) == [warm]
+        assert d.best("w1", TARGET, "h1", k=5) == [warm, cold, slow_cold, flushed]  # any condition when not asked
+        assert list(d.records_of(["w1"], TARGET, "h1", cache=FLUSHED)) == [flushed]
+        assert list(d.records_of(["w1"], TARGET, "h1")) == [warm, cold, slow_cold, flushed]
+        assert d.export(tmp_path / "best.jsonl", best_only=True) == 3  # the fastest of each condition
+        assert {r.cache: r.mean_cost for r in read_records(tmp_path / "best.jsonl")} == {
+            WARM: 1.0,
+            COLD_WEIGHTS: 2.0,
+            FLUSHED: 9.0,
+        }
+
+
+def test_schema_upgrade_and_downgrade_keep_the_records(db):
+    from alembic import command
+
+    from server.migrate import alembic_config
+
+    warm, flushed = rec(), replace(rec(tile=8), cache=FLUSHED)
+    for r in (warm, flushed, replace(warm, costs=(2.0,), cache=COLD_WEIGHTS)):
+        db.commit(r)
+    with db.engine.connect() as conn, conn.begin():
+        command.downgrade(alembic_config(conn), "0004")  # no cache column: one record per schedule, the first
+    with db.engine.connect() as conn, conn.begin():
+        command.upgrade(alembic_config(conn), "head")  # records stored without a condition were timed warm
+    assert list(db) == [warm, replace(flushed, cache=WARM)]
 
 
 def test_best_never_crosses_hosts_unless_asked(db):

@@ -29,7 +29,7 @@ from compiler.measure import (
     LocalRunner,
     MeasureInput,
 )
-from compiler.records import JSONLinesDatabase
+from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
 from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.tasks import Task
@@ -194,10 +194,17 @@ def test_resume_takes_only_this_tasks_records_from_this_host(tuned, builder, run
     r = next(iter(db2))
     assert db2.commit(replace(r, workload_key="another-workload"))
     assert db2.commit(replace(r, host="another-host"))
+    assert db2.commit(replace(r, cache=COLD_WEIGHTS))  # the same schedule timed with its weights flushed
     sched = TaskScheduler(
         [TASK], db2, TuneOptions(trials=1, params=PARAMS), model=RandomModel(0), builder=builder, runner=runner
     )
-    assert sched.resume() == TRIALS
+    assert runner.cache == WARM and sched.resume() == TRIALS
+
+    class ColdRunner:  # times with the weights flushed: the warm records are not its measurements
+        cache = COLD_WEIGHTS
+
+    cold = TaskScheduler([TASK], db2, TuneOptions(trials=1, params=PARAMS), builder=builder, runner=ColdRunner())
+    assert cold.resume() == 1
 
 
 def test_gradient_copes_with_tasks_that_count_no_flops(tmp_path):

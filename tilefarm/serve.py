@@ -180,6 +180,17 @@ class EmbeddedService:
         self.workers = start_workers(self.n_workers, self.environ, self.prefix, self.log_dir, self.worker_args)
         self.api = start_api(self.host, self.port, self.environ, self.log_dir)
         self._wait("the API server to answer", self._healthy)
+        self._wait_for_workers()
+
+    def add_workers(self, n: int) -> None:
+        """Start the workers of a service that began with none (work sent before stays queued until now)."""
+        if self.workers:
+            raise RuntimeError("this service's workers are running already")
+        self.n_workers = n
+        self.workers = start_workers(n, self.environ, self.prefix, self.log_dir, self.worker_args)
+        self._wait_for_workers()
+
+    def _wait_for_workers(self) -> None:
         if self.workers:
             names = {name for name, _ in worker_specs(self.n_workers, self.prefix)}
             self._wait("the workers to register", lambda: self._alive() >= names)

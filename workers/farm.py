@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from compiler import dag_json
 from compiler.measure import UNKNOWN, BuildResult, MeasureInput, MeasureResult
+from compiler.records import FLUSHED, WARM
 from compiler.tasks import Task
 from server.settings import Settings
 from workers import progress
@@ -52,6 +53,10 @@ class RunnerOptions:
     min_repeat_ms: float = 100
     cache_flush: bool = False
     threads: int | None = None
+
+    @property
+    def cache(self) -> str:
+        return FLUSHED if self.cache_flush else WARM
 
     def deadline(self, size: int) -> float:
         """Seconds a batch of `size` may run: every candidate at its build and run timeouts, one after another."""
@@ -89,6 +94,10 @@ class FarmRunner:
         self.interrupted = interrupted
         self._dags: dict[str, str] = {}
 
+    @property
+    def cache(self) -> str:
+        return self.options.cache
+
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(inputs)
         by_task: dict[str, list[int]] = {}
@@ -121,7 +130,7 @@ class FarmRunner:
             why = outcome
             log.warning("job %s: batch of %s lost (try %d/%d): %s", self.job_id, task.name, try_number, tries, why)
         message = f"measurement batch lost {tries} times (last: {why})"
-        return [MeasureResult((), UNKNOWN, message, 0.0, 0.0) for _ in inputs]
+        return [MeasureResult((), UNKNOWN, message, 0.0, 0.0, cache=self.cache) for _ in inputs]
 
     def _send_and_wait(self, payload: dict, size: int, try_number: int) -> list[MeasureResult] | str:
         """The batch's results, or why it was lost."""
@@ -192,7 +201,13 @@ class FarmRunner:
 
 def _result(r: dict) -> MeasureResult:
     return MeasureResult(
-        tuple(r["costs"]), r["error"], r["message"], r["build_seconds"], r["run_seconds"], r["timestamp"]
+        tuple(r["costs"]),
+        r["error"],
+        r["message"],
+        r["build_seconds"],
+        r["run_seconds"],
+        r["timestamp"],
+        r.get("cache", WARM),  # a worker of an earlier version timed warm
     )
 
 

@@ -89,9 +89,10 @@ def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
 def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
     host = Target.host()
     cands = payload["candidates"]
+    options = RunnerOptions(**payload.get("options", {}))
     if payload.get("host") not in (None, host.fingerprint()):
         why = f"this worker measures host class {host.fingerprint()}, the batch is for {payload['host']}"
-        return [_as_json(MeasureResult((), UNKNOWN, why, 0.0, 0.0)) for _ in cands]
+        return [_as_json(MeasureResult((), UNKNOWN, why, 0.0, 0.0, cache=options.cache)) for _ in cands]
     key = payload["workload_key"]
     task = Task(key, dag_json.from_json(payload["dag"], key), payload["name"])
     out: list[MeasureResult | None] = [None] * len(cands)
@@ -100,8 +101,7 @@ def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
         try:
             todo.append((i, MeasureInput(task, tuple(step_from_record(s) for s in c["steps"]), c.get("trace"))))
         except TilefarmError as e:  # steps this version cannot read (a search worker of another version sent them)
-            out[i] = MeasureResult((), INSTANTIATION, str(e), 0.0, 0.0)
-    options = RunnerOptions(**payload.get("options", {}))
+            out[i] = MeasureResult((), INSTANTIATION, str(e), 0.0, 0.0, cache=options.cache)
     measured = measure([inp for _, inp in todo], _builder(options), _runner(options))
     records = []
     for (i, inp), r in zip(todo, measured):
@@ -125,6 +125,7 @@ def _as_json(r: MeasureResult) -> dict[str, Any]:
         "build_seconds": r.build_seconds,
         "run_seconds": r.run_seconds,
         "timestamp": r.timestamp,
+        "cache": r.cache,
     }
 
 
