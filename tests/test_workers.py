@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -328,3 +329,48 @@ def test_a_broken_model_fails_its_job_with_one_line(farm):
     job = farm.wait_state(job_id, "failed", timeout=60)
     assert job.error_message and "\n" not in job.error_message and "Traceback" not in job.error_message
     assert job.finished_at is not None
+
+
+def test_a_job_whose_weights_arrive_cold_has_them_flushed_on_the_measuring_worker(tmp_path, monkeypatch):
+    """The search side's FarmRunner with cold_constants sends the task's constant inputs with the batch; the measuring
+    worker's runner flushes them before each timed call, and its records and results say they were timed so. (The
+    batch goes from FarmRunner to the worker's `_measure` in this process: an app that runs what it is sent.)"""
+    from compiler import ops, te
+    from compiler.dag import ComputeDAG
+    from compiler.default_schedule import default_schedule
+    from compiler.measure import MeasureInput
+    from compiler.records import COLD_WEIGHTS
+    from compiler.tasks import Task
+    from server.database import SQLDatabase
+    from workers import tasks as worker
+    from workers.farm import FarmRunner, RunnerOptions
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    SQLDatabase(url, upgrade_schema=True).close()
+    settings = Settings.from_env({"TILEFARM_DATABASE_URL": url, "TILEFARM_STORAGE_DIR": str(tmp_path / "storage")})
+    monkeypatch.setattr(worker, "settings", settings)
+    a, w = te.placeholder((32, 32), name="A"), te.placeholder((32, 32), name="W")
+    dag = ComputeDAG([a, w, ops.matmul(a, w, name="C")])
+    task = Task(dag.workload_key, dag, "matmul32", constants=(1,))  # W is the model's weight
+
+    class RunsWhatItIsSent:
+        sent: list[dict] = []
+
+        def send_task(self, name, args, queue, task_id):
+            self.sent.append(args[0])
+            results = worker._measure(args[0])
+            self.result = SimpleNamespace(state="SUCCESS", result={"results": results}, forget=lambda: None)
+
+        def AsyncResult(self, task_id):  # noqa: N802 - Celery's name
+            return self.result
+
+    app = RunsWhatItIsSent()
+    options = RunnerOptions(cold_constants=True, timeout=5.0)
+    runner = FarmRunner(settings, app, job_id=None, queue="q", host=Target.host().fingerprint(), options=options)
+    [result] = runner.run([MeasureInput(task, default_schedule(dag).steps)], [])
+    assert result.ok and result.cache == runner.cache == COLD_WEIGHTS, result.message
+    assert app.sent[0]["constants"] == [1] and app.sent[0]["options"]["cold_constants"]
+    measuring = worker._runner(options)
+    assert measuring.cold_constants and measuring._task_fields(task)["evict"] == [1]
+    with SQLDatabase(url) as db:
+        assert [r.cache for r in db] == [COLD_WEIGHTS]

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from compiler import dag_json
 from compiler.measure import UNKNOWN, BuildResult, MeasureInput, MeasureResult
-from compiler.records import FLUSHED, WARM
+from compiler.records import COLD_WEIGHTS, FLUSHED, WARM
 from compiler.tasks import Task
 from server.settings import Settings
 from workers import progress
@@ -53,10 +53,11 @@ class RunnerOptions:
     min_repeat_ms: float = 100
     cache_flush: bool = False
     threads: int | None = None
+    cold_constants: bool = False  # flush the task's constant inputs (the model's weights) before each timed call
 
     @property
     def cache(self) -> str:
-        return FLUSHED if self.cache_flush else WARM
+        return FLUSHED if self.cache_flush else COLD_WEIGHTS if self.cold_constants else WARM
 
     def deadline(self, size: int) -> float:
         """Seconds a batch of `size` may run: every candidate at its build and run timeouts, one after another."""
@@ -117,6 +118,7 @@ class FarmRunner:
             "workload_key": task.key,
             "name": task.name,
             "dag": self._dags[task.key],
+            "constants": list(task.constants),
             "host": self.host,
             "candidates": [{"steps": [s.record() for s in inp.steps], "trace": inp.trace} for inp in inputs],
             "options": asdict(self.options),

@@ -94,7 +94,9 @@ def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
         why = f"this worker measures host class {host.fingerprint()}, the batch is for {payload['host']}"
         return [_as_json(MeasureResult((), UNKNOWN, why, 0.0, 0.0, cache=options.cache)) for _ in cands]
     key = payload["workload_key"]
-    task = Task(key, dag_json.from_json(payload["dag"], key), payload["name"])
+    task = Task(
+        key, dag_json.from_json(payload["dag"], key), payload["name"], constants=tuple(payload.get("constants", ()))
+    )
     out: list[MeasureResult | None] = [None] * len(cands)
     todo: list[tuple[int, MeasureInput]] = []
     for i, c in enumerate(cands):
@@ -136,7 +138,7 @@ def _builder(o: RunnerOptions) -> LocalBuilder:
 
 
 def _runner(o: RunnerOptions) -> LocalRunner:
-    key = (o.timeout, o.number, o.repeat, o.min_repeat_ms, o.cache_flush, o.threads)
+    key = (o.timeout, o.number, o.repeat, o.min_repeat_ms, o.cache_flush, o.threads, o.cold_constants)
     if key not in _runners:
         _runners[key] = LocalRunner(
             timeout=o.timeout,
@@ -145,6 +147,7 @@ def _runner(o: RunnerOptions) -> LocalRunner:
             min_repeat_ms=o.min_repeat_ms,
             cache_flush=o.cache_flush,
             threads=o.threads,
+            cold_constants=o.cold_constants,
         )
     return _runners[key]
 
@@ -315,11 +318,11 @@ def _task_row(position: int, p) -> dict[str, Any]:
 def _search(claim: progress.Claim) -> None:
     from compiler.cost_model import XGBModel
     from compiler.onnx_frontend import load
-    from compiler.tasks import extract_tasks
+    from compiler.tasks import extract_tasks, weights_timed_cold
     from compiler.transfer import ModelCache
     from compiler.tune import TaskScheduler, TuneOptions
 
-    tasks, _, _ = extract_tasks(load(claim.model_path, claim.input_shapes))
+    tasks, calls, _ = extract_tasks(load(claim.model_path, claim.input_shapes))
     positions = {t.key: i for i, t in enumerate(tasks)}
     db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id)
     try:
@@ -334,6 +337,10 @@ def _search(claim: progress.Claim) -> None:
         prior, line = ModelCache().load_or_train(db, db.identity, target)
         log.info("job %d: %s", claim.job_id, line)
         options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
+        # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache meets
+        # them cold in every run, so its kernels are timed that way
+        cold = weights_timed_cold("auto", calls, target.l3_bytes)
+        log.info("job %d: kernels timed with weights %s", claim.job_id, "cold" if cold else "warm")
         runner = FarmRunner(
             settings,
             app,
@@ -341,6 +348,7 @@ def _search(claim: progress.Claim) -> None:
             queue=claim.queue,
             host=claim.host,
             positions=positions,
+            options=RunnerOptions(cold_constants=cold),
             interrupted=lambda: _interruption(claim),
         )
         sched = TaskScheduler(
