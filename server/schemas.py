@@ -242,6 +242,7 @@ class JobRecordOut(BaseModel):
     task: int | None
     task_name: str | None
     mean_cost: float | None  # seconds; None for a failed measurement
+    cache: str  # the cache condition it was timed in: "warm", "cold-weights" or "flushed"
     error: str | None  # the stored code, e.g. "build_timeout"
     group: ErrorGroup | None  # the error's group in the breakdown
     error_message: str
@@ -324,6 +325,7 @@ class RecordOut(BaseModel):
     target: str
     host: str
     mean_cost: float | None
+    cache: str  # the cache condition it was timed in: "warm", "cold-weights" or "flushed"
     costs: list[float]
     error: str | None
     error_message: str

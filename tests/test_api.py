@@ -373,6 +373,7 @@ def test_records_import_export_round_trip(client):
     assert as_file.json() == {"added": 0}
     page = client.get(f"{API}/records", params={"host": "feedfacecafebeef", "limit": 1}).json()
     assert page["total"] == 2 and len(page["records"]) == 1 and page["records"][0]["mean_cost"] == 1e-3
+    assert page["records"][0]["cache"] == "warm"
     assert client.get(f"{API}/records", params={"workload": "nope"}).json() == {"total": 0, "records": []}
 
     r = client.get(f"{API}/records/export")
@@ -382,9 +383,21 @@ def test_records_import_export_round_trip(client):
     best = client.get(f"{API}/records/export", params={"best_only": True}).text.splitlines()
     assert [TuningRecord.from_json(line) for line in best] == records(1)
 
+    # the same schedule timed with cold weights is another record, and says so
+    cold = dataclasses.replace(records(1)[0], costs=(5e-3,), cache="cold-weights")
+    assert client.post(f"{API}/records/import", content=cold.to_json() + "\n").json() == {"added": 1}
+    page = client.get(f"{API}/records", params={"host": "feedfacecafebeef"}).json()
+    assert [(r["mean_cost"], r["cache"]) for r in page["records"]] == [
+        (1e-3, "warm"),
+        (2e-3, "warm"),
+        (5e-3, "cold-weights"),
+    ]
+    exported = [TuningRecord.from_json(line) for line in client.get(f"{API}/records/export").text.splitlines()]
+    assert exported == [*records(2), cold]
+
     bad = records(3, key="cd" * 16)[2].to_json() + "\n" + '{"workload_key": "x"}\n'
     assert "line 2" in assert_error(client.post(f"{API}/records/import", content=bad), 422, "invalid_records")
-    assert client.get(f"{API}/records").json()["total"] == 2  # the good first line was not added either
+    assert client.get(f"{API}/records").json()["total"] == 3  # the good first line was not added either
 
 
 def test_workers_and_the_default_host(client, settings, model):

@@ -47,7 +47,7 @@ GROUP = {
 }
 RECORD_FIELDS = {
     *("id", "task", "task_name", "mean_cost", "error", "group", "error_message", "timestamp", "created_by"),
-    *("build_seconds", "run_seconds"),
+    *("build_seconds", "run_seconds", "cache"),
 }
 SECOND_HOST = Target(kind="cpu", mcpu="icelake-server", features="+avx512f", cores=4, cpu_model="Second CPU")
 WORKER_ONLY_HOST = Target(kind="cpu", mcpu="sapphirerapids", features="+amx-tile", cores=8, cpu_model="Third CPU")
@@ -142,7 +142,7 @@ def test_job_records_are_paged_in_sql(farm):
     for r, (task, error) in zip(first["records"], expected):
         assert (r["task"], r["task_name"], r["error"]) == (task, names[task], error)
         assert r["group"] == GROUP.get(error) and r["created_by"] == f"job/{farm.job}"
-        assert (r["mean_cost"] is None) == (error is not None) and r["build_seconds"] > 0
+        assert (r["mean_cost"] is None) == (error is not None) and r["build_seconds"] > 0 and r["cache"] == "warm"
     last = farm.client.get(url, params={"offset": RECORDS - 10, "limit": 50}).json()
     assert last["total"] == RECORDS and len(last["records"]) == 10
     newest = farm.client.get(url, params={"order": "-id", "limit": 10}).json()["records"]

@@ -78,6 +78,7 @@ def list_records(
         TargetRow.name,
         Host.fingerprint,
         Record.mean_cost,
+        Record.cache,
         Record.costs,
         Record.error,
         Record.error_message,
@@ -94,13 +95,14 @@ def list_records(
                 target=target,
                 host=fp,
                 mean_cost=mean,
+                cache=cache,
                 costs=costs,
                 error=error,
                 error_message=message,
                 timestamp=timestamp,
                 created_by=by,
             )
-            for i, key, target, fp, mean, costs, error, message, timestamp, by in rows
+            for i, key, target, fp, mean, cache, costs, error, message, timestamp, by in rows
         ],
     )
 

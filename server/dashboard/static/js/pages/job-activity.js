@@ -13,6 +13,8 @@ import {TERMINAL} from "./jobs.js";
 const REFRESH_MS = 3000; // while the job runs
 const PAGE = 50;
 const GROUPS = {build: "Build error", run: "Run error", timeout: "Timeout", wrong_answer: "Wrong answer"};
+// how a record's kernel met the caches when it was timed (compiler.records.CACHE_CONDITIONS)
+const CACHE_CONDITIONS = {"warm": "Warm", "cold-weights": "Weights cold", "flushed": "Caches flushed"};
 const BATCH_STATES = ["sent", "running", "done", "lost", "failed"];
 
 function taskLabel(position, tasks) {
@@ -88,6 +90,7 @@ class RecordsBrowser {
       {key: "id", label: "Record", numeric: true},
       {key: "task", label: "Task", cell: (r) => taskLabel(r.task, this.tasks)},
       {key: "mean_cost", label: "Latency", numeric: true, cell: (r) => latency(r.mean_cost)},
+      {key: "cache", label: "Timed", cell: (r) => CACHE_CONDITIONS[r.cache] || r.cache},
       {key: "error", label: "Outcome", cell: outcome},
       {key: "error_message", label: "Message", cell: (r) => h("span", {class: "message", title: r.error_message},
         r.error_message || "—")},
