@@ -25,7 +25,7 @@ from compiler.passes import Group, plan_memory
 from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Call, Task, extract_tasks, weights_arrive_cold
+from compiler.tasks import Call, Task, constant_bytes, extract_tasks, weights_exceed_cache
 
 ALIGN = 64
 
@@ -140,10 +140,11 @@ def first_replaying(task: Task, records: list[TuningRecord]) -> tuple[TuningReco
     return None
 
 
-def cache_preference(calls: list[Call], target: Target) -> tuple[str, ...]:
-    """The cache conditions whose records compile prefers, in order: first the one a run of this model meets (its
-    weights cold when the model's constants exceed the last-level cache, warm otherwise), then the others."""
-    first = COLD_WEIGHTS if weights_arrive_cold(calls, target.l3_bytes) else WARM
+def cache_preference(weights_bytes: int, target: Target) -> tuple[str, ...]:
+    """The cache conditions whose records compile prefers for a model of `weights_bytes` of constants
+    (`tasks.constant_bytes`), in order: first the one a run of the model meets (its weights cold when they exceed the
+    last-level cache, warm otherwise), then the others."""
+    first = COLD_WEIGHTS if weights_exceed_cache(weights_bytes, target.l3_bytes) else WARM
     return (first, *(c for c in CACHE_CONDITIONS if c != first))
 
 
@@ -190,7 +191,7 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
     tasks, calls, optimized = extract_tasks(graph)
     t1 = time.perf_counter()
     host = Target.host()
-    states, used = schedule_tasks(tasks, records, host, cache_preference(calls, host))
+    states, used = schedule_tasks(tasks, records, host, cache_preference(constant_bytes(calls), host))
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
     consts = {id(v): v for c in calls for v in c.args if v.const is not None}
@@ -280,7 +281,7 @@ def run_in_process(
     many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
     tasks, calls, optimized = extract_tasks(graph)
     host = Target.host()
-    states, _ = schedule_tasks(tasks, records, host, cache_preference(calls, host))
+    states, _ = schedule_tasks(tasks, records, host, cache_preference(constant_bytes(calls), host))
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
     kernels = codegen.compile_funcs(funcs) if funcs else {}

@@ -121,7 +121,12 @@ def constant_bytes(calls: list[Call]) -> int:
 def weights_arrive_cold(calls: list[Call], l3_bytes: int | None) -> bool:
     """Whether a run of the model evicts each kernel's weights before its next call: its constants exceed the
     last-level cache, so every inference streams them from memory (ResNet-18: 46.8 MB against a 32 MB L3)."""
-    return constant_bytes(calls) > (l3_bytes or DEFAULT_L3_BYTES)
+    return weights_exceed_cache(constant_bytes(calls), l3_bytes)
+
+
+def weights_exceed_cache(weights_bytes: int, l3_bytes: int | None) -> bool:
+    """weights_arrive_cold on a model's constant bytes (`constant_bytes`) already counted."""
+    return weights_bytes > (l3_bytes or DEFAULT_L3_BYTES)
 
 
 def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None) -> bool:

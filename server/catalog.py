@@ -17,11 +17,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from compiler import dag_json
-from compiler.build import target_name
+from compiler.build import cache_preference, target_name
 from compiler.dag import ComputeDAG
 from compiler.onnx_frontend import load, parse_input_shapes
 from compiler.target import Target
-from compiler.tasks import Task, extract_tasks
+from compiler.tasks import Task, constant_bytes, extract_tasks
 from compiler.tune import TRIALS_PER_TASK, coverage
 from server import storage
 from server.database import SQLDatabase, this_host
@@ -157,7 +157,7 @@ def register_model(
                 return model_view(session, settings, model), True
         # bytes, not the path: the frontend's messages would name the server's storage folder
         graph = load(upload.path.read_bytes(), input_shapes)
-        tasks, _, _ = extract_tasks(graph)
+        tasks, calls, _ = extract_tasks(graph)
         records_db(settings.database_url).describe_workloads(tasks)  # committed on its own: shared, idempotent
         path, created = storage.keep(settings, upload)
         try:
@@ -169,6 +169,7 @@ def register_model(
                     size_bytes=upload.size,
                     path=str(path),
                     input_shapes=input_shapes,
+                    weights_bytes=constant_bytes(calls),
                 )
                 session.add(model)
                 session.flush()
@@ -245,10 +246,14 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
         return extract_tasks(graph)[0]
 
 
-def coverage_view(session: Session, settings: Settings, tasks: list[Task], fingerprint: str) -> CoverageOut:
-    """What the records hold for each task on one host class, and the trials still needed (compiler.tune.coverage)."""
+def coverage_view(
+    session: Session, settings: Settings, tasks: list[Task], fingerprint: str, weights_bytes: int | None = None
+) -> CoverageOut:
+    """What the records hold for each task on one host class, and the trials still needed (compiler.tune.coverage);
+    the best record of each task is the one compile applies for a model of `weights_bytes` of constants."""
     target = host_target(session, settings, fingerprint)
-    covered = coverage(tasks, records_db(settings.database_url), target, TRIALS_PER_TASK)
+    prefer = cache_preference(weights_bytes or 0, target)
+    covered = coverage(tasks, records_db(settings.database_url), target, TRIALS_PER_TASK, prefer)
     rows = [
         TaskCoverageOut(
             position=i,
@@ -279,7 +284,7 @@ def model_view(
     cover = None
     if settings is not None:
         tasks = tasks if tasks is not None else model_tasks(settings, model, rows)
-        cover = coverage_view(session, settings, tasks, host or default_host(session, settings))
+        cover = coverage_view(session, settings, tasks, host or default_host(session, settings), model.weights_bytes)
     return ModelOut(
         id=model.id,
         name=model.name,

@@ -152,6 +152,9 @@ class UploadedModel(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(Text)  # in the service's storage folder, shared with the workers
     input_shapes: Mapped[Any | None] = mapped_column(JSON)  # {"input": [1, 3, 224, 224]}
+    # bytes of the constants its kernels read (compiler.tasks.constant_bytes): whether a run meets its weights cold
+    # on a host (NULL: registered before it was counted; taken as fitting the cache)
+    weights_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _created_at()
 
 

@@ -188,6 +188,26 @@ def test_coverage_counts_the_records_of_the_host(client, model):
     assert "unknown host" in assert_error(r, 422, "unknown_host")
 
 
+def test_coverage_shows_the_record_compile_would_apply(client, settings, model):
+    """Of one schedule timed warm and with cold weights, the best latency is the warm one for a model whose weights
+    fit the last-level cache (tiny_cnn: counted at upload), and the cold one for a model whose weights do not."""
+    host = Target.host()
+    key = model["tasks"][0]["workload_key"]
+    warm = TuningRecord(key, target_name(host), host.fingerprint(), (), (1e-3,), timestamp=1.0)
+    cold = dataclasses.replace(warm, costs=(4e-3,), cache="cold-weights")
+    lines = warm.to_json() + "\n" + cold.to_json() + "\n"
+    assert client.post(f"{API}/records/import", content=lines).json() == {"added": 2}
+    with session_scope(settings, write=False) as session:
+        weights = session.get_one(UploadedModel, model["id"]).weights_bytes
+    assert 0 < weights < 1 << 20
+    cover = client.get(f"{API}/models/{model['id']}").json()["coverage"]
+    assert cover["tasks"][0]["records"] == 2 and cover["tasks"][0]["best_latency_s"] == pytest.approx(1e-3)
+    with session_scope(settings) as session:
+        session.get_one(UploadedModel, model["id"]).weights_bytes = 1 << 40  # larger than any last-level cache
+    cover = client.get(f"{API}/models/{model['id']}").json()["coverage"]
+    assert cover["tasks"][0]["best_latency_s"] == pytest.approx(4e-3)
+
+
 def test_oversized_upload_is_refused_and_leaves_nothing(client, settings):
     rng = np.random.default_rng(0)
     streamed = rng.bytes(LIMIT + (LIMIT // 2))  # passes the Content-Length check, stopped while streaming

@@ -22,7 +22,7 @@ from compiler.records import (
 )
 from compiler.runtime import Artifact
 from compiler.target import Target
-from compiler.tasks import extract_tasks
+from compiler.tasks import constant_bytes, extract_tasks
 
 
 def rec(key="w1", host="h1", steps=(("SP", 0, 0, (4,), True),), costs=(1.0,), target="llvm -mcpu=x", error=None):
@@ -109,8 +109,8 @@ def test_compile_takes_records_of_the_cache_condition_the_model_runs_in(tmp_path
     warm = TuningRecord(task.key, target_name(host), host.fingerprint(), (), (1e-6,))
     assert db.commit(warm) and db.commit(replace(warm, costs=(5e-6,), cache=COLD_WEIGHTS))  # one schedule, timed twice
     # the dense model's 0.5 KB of weights stay in cache; with a last-level cache of 1 byte they would arrive cold
-    assert cache_preference(calls, host) == (WARM, COLD_WEIGHTS, FLUSHED)
-    assert cache_preference(calls, replace(host, l3_bytes=1)) == (COLD_WEIGHTS, WARM, FLUSHED)
+    assert cache_preference(constant_bytes(calls), host) == (WARM, COLD_WEIGHTS, FLUSHED)
+    assert cache_preference(constant_bytes(calls), replace(host, l3_bytes=1)) == (COLD_WEIGHTS, WARM, FLUSHED)
     for prefer, seconds in [((WARM, COLD_WEIGHTS), 1e-6), ((COLD_WEIGHTS, WARM), 5e-6), ((FLUSHED, WARM), 1e-6)]:
         _, used = schedule_tasks([task], db, host, prefer)
         assert used[task.key]["mean_seconds"] == seconds, prefer  # the first condition with a record, never mixed

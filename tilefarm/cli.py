@@ -189,7 +189,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from compiler.build import cache_preference, target_name
-    from compiler.tasks import extract_tasks
+    from compiler.tasks import constant_bytes, extract_tasks
     from compiler.tune import coverage
 
     target = _check_target(args.target)
@@ -209,7 +209,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print("\n".join([f"{head}  name", *(f"{row}  {t.name}" for row, t in zip(rows, tasks))]))
         return 0
     where = args.records or str(db)
-    covered = coverage(tasks, db, target, args.trials_per_task, cache_preference(calls, target))
+    covered = coverage(tasks, db, target, args.trials_per_task, cache_preference(constant_bytes(calls), target))
     print(f"records in {where} for {target_name(target)} measured on this host ({target.fingerprint()}):")
     print(f"{head} {'records':>7} {'best ms':>10} {'trials needed':>13}  name")
     for row, c in zip(rows, covered):
