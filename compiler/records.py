@@ -110,7 +110,8 @@ class Database(Protocol):
     """Where tuning records live: a file here, the team's SQL database in the service."""
 
     def commit(self, record: TuningRecord) -> bool:
-        """Store a record; False if an identical one (same workload, host and steps) is already stored."""
+        """Store a record; False if an identical one (same workload, host, steps and cache condition) is already
+        stored."""
         ...
 
     def best(
