@@ -26,6 +26,12 @@ WARM, COLD_WEIGHTS, FLUSHED = "warm", "cold-weights", "flushed"
 CACHE_CONDITIONS = (WARM, COLD_WEIGHTS, FLUSHED)
 
 
+def training_group(workload_key: str, cache: str) -> str:
+    """The group in which a cost model normalizes a record's throughput: its workload in its cache condition, since
+    timings of two conditions are not on one scale (warm records keep the bare key, as saved models have it)."""
+    return workload_key if cache == WARM else f"{workload_key}@{cache}"
+
+
 class RecordError(TilefarmError):
     """A record or records file that cannot be read."""
 

@@ -30,7 +30,7 @@ from compiler.build import target_name
 from compiler.cost_model import XGBModel
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
-from compiler.records import VERSION, TuningRecord
+from compiler.records import VERSION, TuningRecord, training_group
 from compiler.search import featurize_programs
 from compiler.state import step_from_record
 from compiler.target import Target
@@ -98,7 +98,7 @@ def featurize_records(
                 continue
             out.xs.append(x)
             out.costs.append(r.mean_cost)
-            out.groups.append(key)
+            out.groups.append(training_group(key, r.cache))
     return out
 
 
@@ -153,7 +153,7 @@ class ModelCache:
         model = pretrain(data)
         took = time.perf_counter() - t0
         left_out = f" ({data.skipped} records left out)" if data.skipped else ""
-        workloads = len(set(data.groups))
+        workloads = len({g.split("@")[0] for g in data.groups})  # training_group: a workload in each condition
         line = f"cost model pre-trained on {len(data)} records of {workloads} workloads in {took:.1f} s{left_out}{note}"
         if not exclude and rows:
             self.directory.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from compiler.cost_model import CostModel, XGBModel
 from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
 from compiler.measure import Builder, LocalBuilder, LocalRunner, MeasureInput, Runner, to_record
-from compiler.records import CACHE_CONDITIONS, Database, TuningRecord
+from compiler.records import CACHE_CONDITIONS, Database, TuningRecord, training_group
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
@@ -156,7 +156,7 @@ class TaskScheduler:
             if train:
                 xs.append(p.policy.features_of(cand))
                 costs.append(cost)
-                groups.append(p.task.key)
+                groups.append(training_group(p.task.key, rec.cache))
             self.resumed += 1
         for p in self.progress:
             if p.trials:
@@ -278,7 +278,7 @@ class TaskScheduler:
             p.done, p.why_done = True, "no valid program"
         t0 = time.perf_counter()
         xs = p.policy.featurize(cands)
-        self.model.update(xs, costs, [p.task.key] * len(cands))
+        self.model.update(xs, costs, [training_group(p.task.key, self.runner.cache)] * len(cands))
         self.stats.train_s += time.perf_counter() - t0
         if self.callback:
             self.callback(self)

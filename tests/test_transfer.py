@@ -142,6 +142,19 @@ def test_records_of_unknown_workloads_and_steps_that_do_not_replay_are_left_out(
     assert len(featurize_records(recs, {a.key: a.dag}, TARGET, exclude=[a.key])) == 0
 
 
+def test_a_workloads_timings_of_two_cache_conditions_are_normalized_apart():
+    from dataclasses import replace
+
+    from compiler.records import COLD_WEIGHTS, training_group
+
+    a = matmul_task(16, 16, 16)
+    recs = records(a, 4, 0)
+    cold = [replace(r, costs=tuple(3 * c for c in r.costs), cache=COLD_WEIGHTS) for r in recs[:2]]
+    data = featurize_records([*recs, *cold], {a.key: a.dag}, TARGET)
+    assert data.groups == [a.key] * 4 + [f"{a.key}@cold-weights"] * 2
+    assert training_group(a.key, "warm") == a.key  # as models saved before the conditions existed have it
+
+
 # ---------------------------------------------------------------------------------------------- the prior
 
 

@@ -255,6 +255,8 @@ def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_populati
     from compiler.tune import MIN_POPULATION
 
     class Instant:
+        cache = WARM
+
         def build(self, inputs):
             return [BuildResult(None, None, "", 0.0) for _ in inputs]
 
