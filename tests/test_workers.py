@@ -370,6 +370,7 @@ def test_a_job_whose_weights_arrive_cold_has_them_flushed_on_the_measuring_worke
     [result] = runner.run([MeasureInput(task, default_schedule(dag).steps)], [])
     assert result.ok and result.cache == runner.cache == COLD_WEIGHTS, result.message
     assert app.sent[0]["constants"] == [1] and app.sent[0]["options"]["cold_constants"]
+    assert "cold_constants" not in RunnerOptions().wire()  # a warm batch reads on workers that predate the option
     measuring = worker._runner(options)
     assert measuring.cold_constants and measuring._task_fields(task)["evict"] == [1]
     with SQLDatabase(url) as db:

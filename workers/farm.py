@@ -42,6 +42,9 @@ class JobInterrupted(Exception):
         self.reason = reason
 
 
+NEWER_OPTIONS = {"cold_constants": False}  # RunnerOptions fields a measuring worker may not know, with their defaults
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """How the measuring worker builds and times candidates (compiler.measure.LocalBuilder / LocalRunner)."""
@@ -58,6 +61,12 @@ class RunnerOptions:
     @property
     def cache(self) -> str:
         return FLUSHED if self.cache_flush else COLD_WEIGHTS if self.cold_constants else WARM
+
+    def wire(self) -> dict:
+        """The options as a batch carries them; options newer than the farm's first version are sent only when they
+        are on, so a measuring worker of an earlier version (which refuses options it does not know) still measures
+        every batch that does not need them."""
+        return {k: v for k, v in asdict(self).items() if k not in NEWER_OPTIONS or v != NEWER_OPTIONS[k]}
 
     def deadline(self, size: int) -> float:
         """Seconds a batch of `size` may run: every candidate at its build and run timeouts, one after another."""
@@ -121,7 +130,7 @@ class FarmRunner:
             "constants": list(task.constants),
             "host": self.host,
             "candidates": [{"steps": [s.record() for s in inp.steps], "trace": inp.trace} for inp in inputs],
-            "options": asdict(self.options),
+            "options": self.options.wire(),
         }
         tries = self.settings.batch_tries
         why = "never sent"
