@@ -125,6 +125,8 @@ class TaskScheduler:
         ]
         self.resumed = 0
         self._sibling_lists: dict[int, list[TaskProgress]] = {}
+        # per task, programs of sibling workloads the database holds (tuned for other models), ranked as _foreign does
+        self._stored: dict[int, list[tuple[float, int, Candidate]]] | None = None
 
     # ------------------------------------------------------------------------------------------ resume
 
@@ -171,6 +173,8 @@ class TaskScheduler:
     def run(self) -> list[TaskProgress]:
         start = time.perf_counter()
         opts = self.options
+        if self._stored is None:
+            self.seed_from_stored_siblings()
         try:
             # warm-up: every task not yet measured gets a round (the default schedule joins its first batch)
             for i, p in enumerate(self.progress):
@@ -291,12 +295,45 @@ class TaskScheduler:
             ]
         return self._sibling_lists[i]
 
+    def seed_from_stored_siblings(self) -> int:
+        """Find, in a database that stores workloads' DAGs (the team's SQL database), the sibling workloads of these
+        tasks that other models brought (same reductions, a sketch of the same shape) and take their SHARED_BEST
+        fastest records timed in this runner's cache condition, translated: each task's siblings hand it those
+        programs as they hand it their live ones (`_foreign`), so a conv tuned in one model starts the same conv
+        under another epilogue in the next. Returns how many programs were taken."""
+        self._stored = {}
+        workload_dags = getattr(self.database, "workload_dags", None)
+        if not self.options.share_siblings or workload_dags is None:
+            return 0
+        by_anchors: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.progress):
+            if anchors := _anchors(p.task.dag):
+                by_anchors.setdefault(anchors, []).append(i)
+        mine = {p.task.key for p in self.progress}
+        target, host = target_name(self.target), self.target.fingerprint()
+        taken = 0
+        for key, dag in workload_dags().items():
+            wanted = by_anchors.get(_anchors(dag), []) if key not in mine else []
+            records = self.database.best(key, target, host, k=SHARED_BEST, cache=self.runner.cache) if wanted else []
+            if not records:
+                continue
+            source = SearchPolicy(dag, self.model, self.target, self.options.params, self.options.seed)
+            traced = [(r, source.from_trace(r.trace)) for r in records if r.trace]
+            for i in wanted:
+                for rank, (r, c) in enumerate(traced):
+                    moved = self.progress[i].policy.translate(source, c) if c is not None else None
+                    if moved is not None:
+                        self._stored.setdefault(i, []).append((r.mean_cost / records[0].mean_cost, rank, moved))
+                        taken += 1
+        return taken
+
     def _foreign(self, i: int) -> list[Candidate]:
-        """The sibling tasks' fastest programs as programs of task i, fastest (in their own task) first."""
+        """The sibling tasks' fastest programs as programs of task i, fastest (in their own task) first: those of
+        the tasks tuned with it and those of the database's sibling workloads (seed_from_stored_siblings)."""
         if not self.options.share_siblings:
             return []
         p = self.progress[i]
-        ranked = []
+        ranked = list((self._stored or {}).get(i, []))
         for q in self._siblings(i):
             for rank, c in enumerate(q.policy.best_measured(SHARED_BEST)):
                 moved = p.policy.translate(q.policy, c)
@@ -360,6 +397,12 @@ class TaskCoverage:
     valid: int  # error-free records for this target and host, counted up to the per-task budget
     best: TuningRecord | None  # the fastest of them that still replays (the one compile would apply)
     trials_needed: int  # the per-task budget minus `valid`: 0 once the task has that many
+
+
+def _anchors(dag) -> tuple:
+    """A DAG's reductions by tag, shape and dtype: two tasks with a sketch of the same shape have the same ones (a
+    filter before any sketch of a stored workload is made)."""
+    return tuple(sorted((op.tag, tuple(op.shape), op.dtype) for op in dag.ops if op.reduce_axes))
 
 
 def coverage(

@@ -126,3 +126,31 @@ def test_the_translated_program_is_what_the_interpreter_computes():
     got = np.zeros((8, 8), np.float32)
     interp.run(lower(moved.state, "k"), x, w, r, got)
     np.testing.assert_allclose(got, np.maximum(x @ w + r, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_workload_tuned_for_another_model_seeds_its_sibling_from_the_team_database(tmp_path):
+    """The team database holds matmul + ReLU, tuned for one model; a later model's matmul + residual + ReLU on the
+    same shapes starts from its fastest programs (translated), measured in its first round. A JSON-lines file, which
+    stores no DAGs, seeds nothing."""
+    from server.database import SQLDatabase
+
+    first, later = (Task(d.workload_key, d, n) for d, n in ((matmul_relu(), "relu"), (matmul_add_relu(), "add_relu")))
+    options = TuneOptions(trials=16, measures_per_round=8, params=SearchParams(population=16, num_iters=1))
+    with SQLDatabase(f"sqlite:///{tmp_path / 'team.db'}", upgrade_schema=True) as db:
+        db.describe_workloads([first, later])
+        io = Instant()
+        TaskScheduler([first], db, options, model=RandomModel(0), builder=io, runner=io).run()
+        stored = db.best(first.key, next(iter(db)).target, k=1)[0]
+        sched = TaskScheduler([later], db, options, model=RandomModel(1), builder=io, runner=io)
+        assert sched.seed_from_stored_siblings() > 0
+        source = policy(matmul_relu())
+        moved = sched.progress[0].policy.translate(source, source.from_trace(stored.trace))
+        assert sched._foreign(0)[0].key == moved.key  # the stored workload's fastest program first
+        sched._round(0)
+        assert moved.key in sched.progress[0].policy.measured
+    jsonl = JSONLinesDatabase(tmp_path / "r.jsonl")
+    jsonl.import_records(list(SQLDatabase(f"sqlite:///{tmp_path / 'team.db'}")))
+    assert (
+        TaskScheduler([later], jsonl, options, model=RandomModel(1), builder=io, runner=io).seed_from_stored_siblings()
+        == 0
+    )
