@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         model = XGBModel(seed=seed)
                         sched = TaskScheduler([task], db, opts, model=model, builder=builder, runner=runner)
+                        taken = sched.seed_from_stored_siblings()  # run() would do it first otherwise
                         sched.run()
                     p = sched.progress[0]
-                    taken = sum(len(v) for v in (sched._stored or {}).values())
                     curve = " ".join(f"{h * 1e3:.3f}" for h in p.history)
                     label = "with siblings" if share else "alone        "
                     print(f"seed {seed} {label}: {taken} stored programs taken; best after each round (ms): {curve}")
