@@ -38,7 +38,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import IllegalStep, TilefarmError
 from compiler.lower import lower
-from compiler.records import COLD_WEIGHTS, FLUSHED, WARM, TuningRecord
+from compiler.records import WARM, TuningRecord, cache_condition
 from compiler.runtime import OPENMP_ENV
 from compiler.state import Step, apply_steps
 from compiler.target import DEFAULT_L3_BYTES, Target
@@ -383,7 +383,7 @@ class LocalRunner:
         self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
         self.cold_constants = cold_constants
         self._evict_lib = _build_evictor(self._dir) if cold_constants else None
-        self.cache = FLUSHED if cache_flush else COLD_WEIGHTS if cold_constants else WARM
+        self.cache = cache_condition(cache_flush, cold_constants)
         self._proc: subprocess.Popen | None = None
         self._busy = False  # a request was sent and its reply not read
         self._tasks: dict[str, str | None] = {}  # workload key -> why its reference failed (None: ready)

@@ -26,6 +26,11 @@ WARM, COLD_WEIGHTS, FLUSHED = "warm", "cold-weights", "flushed"
 CACHE_CONDITIONS = (WARM, COLD_WEIGHTS, FLUSHED)
 
 
+def cache_condition(cache_flush: bool, cold_constants: bool) -> str:
+    """The condition a runner with these settings times in: a full flush covers the weights too."""
+    return FLUSHED if cache_flush else COLD_WEIGHTS if cold_constants else WARM
+
+
 def training_group(workload_key: str, cache: str) -> str:
     """The group in which a cost model normalizes a record's throughput: its workload in its cache condition, since
     timings of two conditions are not on one scale (warm records keep the bare key, as saved models have it)."""
@@ -207,7 +212,10 @@ class JSONLinesDatabase:
             [
                 r
                 for r in self._records
-                if r.workload_key in keys and r.target == target and r.host == host and cache in (None, r.cache)
+                if r.workload_key in keys
+                and r.target == target
+                and r.host == host
+                and (cache is None or r.cache == cache)
             ]
         )
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from compiler import dag_json
 from compiler.measure import UNKNOWN, BuildResult, MeasureInput, MeasureResult
-from compiler.records import COLD_WEIGHTS, FLUSHED, WARM
+from compiler.records import WARM, cache_condition
 from compiler.tasks import Task
 from server.settings import Settings
 from workers import progress
@@ -60,7 +60,7 @@ class RunnerOptions:
 
     @property
     def cache(self) -> str:
-        return FLUSHED if self.cache_flush else COLD_WEIGHTS if self.cold_constants else WARM
+        return cache_condition(self.cache_flush, self.cold_constants)
 
     def wire(self) -> dict:
         """The options as a batch carries them; options newer than the farm's first version are sent only when they
