@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,6 +40,10 @@ class Workload:
     # the inputs' shapes in the ONNX node's layout, and the map to the kernel's layout, where they differ
     onnx_shapes: tuple[tuple[int, ...], ...] = ()
     to_kernel: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
+    flop: int | None = None  # the FLOP count GFLOP/s is quoted in, where it is not the DAG's own
+
+    def flop_count(self, dag) -> int:
+        return self.flop or dag.flop_count
 
     def arrays(self, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Random inputs in the ONNX layout (for onnxruntime and numpy) and the same values as the kernel takes them,
@@ -76,9 +80,36 @@ def blocked_conv(c: int, hw: int) -> Workload:
     return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack)
 
 
+def winograd_conv(c: int, hw: int) -> Workload:
+    """The layer as tilefarm compiles it inside a model now (the `winograd_convs` pass takes every 3x3 stride-1
+    conv with at least 16 output tiles): Winograd F(4x4, 3x3), its weight transformed at compile time."""
+    from compiler.ops.winograd import conv2d_winograd, winograd_weight
+    from compiler.passes import WINOGRAD_TILE
+
+    data = te.placeholder((1, c, hw, hw), name="data")
+    a = WINOGRAD_TILE + 2
+    weight = te.placeholder((a, a, c // CONV_BLOCK, c, CONV_BLOCK), name="weight")
+    out = conv2d_winograd(data, weight, WINOGRAD_TILE, padding=1, name="conv")
+    shapes = ((1, c, hw, hw), (c, c, 3, 3))
+    pack = lambda arr: [arr[0], winograd_weight(arr[1], WINOGRAD_TILE, CONV_BLOCK)]
+    flop = 2 * c * c * 9 * hw * hw  # the direct conv's count, as GFLOP/s figures for Winograd convs are quoted
+    return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack, flop)
+
+
+def _direct(w: Workload) -> Workload:
+    return replace(w, name=f"{w.name}_direct")
+
+
 WORKLOADS = [gemm(512), gemm(1024), conv(64, 56), conv(128, 28), conv(256, 14)]
-# what bench.tuning tunes: the conv layers in the form a model compiles them to
-TUNING_WORKLOADS = [gemm(512), gemm(1024), blocked_conv(64, 56), blocked_conv(128, 28), blocked_conv(256, 14)]
+# what bench.tuning tunes: the conv layers in the form a model compiles them to, and (`_direct`) as the blocked
+# direct conv the compiler used before Winograd
+_LAYERS = [(64, 56), (128, 28), (256, 14)]
+TUNING_WORKLOADS = [
+    gemm(512),
+    gemm(1024),
+    *(winograd_conv(c, hw) for c, hw in _LAYERS),
+    *(_direct(blocked_conv(c, hw)) for c, hw in _LAYERS),
+]
 
 
 def ort_options(threads: int):
@@ -172,8 +203,10 @@ def fair_openblas_env() -> dict[str, str]:
 
     archs = {i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"}
     host = Target.host()
-    if archs and not archs & set(AVX512_OPENBLAS_CORES) and all(
-        host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")
+    if (
+        archs
+        and not archs & set(AVX512_OPENBLAS_CORES)
+        and all(host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
     ):
         return {"OPENBLAS_CORETYPE": "SkylakeX"}
     return {}

@@ -28,6 +28,8 @@ from bench.kernels import TUNING_WORKLOADS, blas_info, fair_openblas_env, interl
 from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 
+MAX_REL_DIFF = 1e-4
+
 
 def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     from threadpoolctl import threadpool_limits
@@ -47,8 +49,10 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     ort_fn = onnx_session(w, ref_arrays, threads)
     kernel(*arrays, out)
     ref = ort_fn()
-    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3, err_msg=f"tuned {name} is wrong")
+    # relative to the largest result: a sum's rounding error scales with its terms (Winograd's transforms add some)
     rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    if not rel < MAX_REL_DIFF:
+        raise AssertionError(f"tuned {name} is wrong: max rel diff {rel:.2e} against onnxruntime")
     systems = {"tilefarm-tuned": lambda: kernel(*arrays, out), "onnxruntime": ort_fn}
     if name.startswith("gemm"):
         systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])

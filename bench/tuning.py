@@ -154,7 +154,7 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
             "trials": sched.stats.trials if tuned else None,
             "tuning_s": round(sched.stats.wall_s, 1) if tuned else None,
             "median_ms": round(sec * 1e3, 4),
-            "gflops": round(dag.flop_count / sec / 1e9, 2),
+            "gflops": round(w.flop_count(dag) / sec / 1e9, 2),
         }
         if tuned:
             row.update(extra, pairwise_accuracy=acc)

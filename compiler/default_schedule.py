@@ -81,6 +81,8 @@ def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[S
         return s, set()
     consumers = s.consumers(name)
     out = consumers[0] if len(consumers) == 1 else None
+    if out is not None and out not in dag.consumers:
+        out = None  # another reduction's cache stage (a chain of tiled reductions): not the DAG's to fuse into
     if out is not None and not (dag.elementwise_match(name, out) or _reads_at_own_index(s, name, out)):
         out = None
     if out is not None and (s.stage(out).compute_at != "root" or dag.is_output(name)):

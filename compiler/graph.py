@@ -1,7 +1,7 @@
 """Graph IR: typed values, nodes in topological order, constants as numpy arrays, a text printer.
 
 Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`,
-`BlockedConv`, `NCHWcToNCHW`).
+`BlockedConv`, `WinogradConv`, `NCHWcToNCHW`).
 The frontend normalizes every node so that later stages never look at ONNX again:
 
 - attributes are ONNX's, with every default filled in and spelled out as plain Python values (ints, floats,
@@ -48,6 +48,9 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
   channels innermost); Conv's other inputs and attributes, plus `data_layout` / `out_layout` ("NCHWc" when the data
   comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b;
   with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too).
+- `WinogradConv` (made by passes): a 3x3, stride-1, one-group Conv whose weight is transformed for Winograd
+  F(m x m, 3 x 3) and laid out a x a x F/b x C x b (a = m + 2); attributes `tile` (m), `pads`, and `data_layout` /
+  `out_layout` as BlockedConv has them (its weight is the same in both data layouts).
 - `layout="NCHWc"` on MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (made by `propagate_nchwc`): input and
   output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
   carry the 5-D type.

@@ -7,15 +7,16 @@ lines. `propagate_nchwc` keeps such values blocked (onnxruntime's NCHWc transfor
 
 - a BlockedConv writes its result NCHWc when something downstream wants it so, and reads NCHWc data when its
   producer wrote it so (its `data_layout` / `out_layout` attributes; its weight then gets input-channel blocks too,
-  F/b x C/b x KH x KW x b x b, so the reduction reads it in one stream);
+  F/b x C/b x KH x KW x b x b, so the reduction reads it in one stream); a WinogradConv does the same with its
+  weight unchanged;
 - elementwise ops, same-shape binary ops (scalar constants allowed) and pools pass the layout through (pools get
   `layout="NCHWc"`), so a conv + bias + residual add + ReLU task and a max pool vectorize over the lanes;
 - wherever a blocked value meets anything else (a Flatten, a depthwise conv, a graph output), an `NCHWcToNCHW`
   node puts it back once; it is injective, so fusion folds it into what reads it where it can.
 
-A value is kept blocked only when some reader gains from it: a BlockedConv, a global pool (whose output is tiny to
-convert), or a pass-through op whose own output is kept blocked. So a conv whose only reader wants NCHW still
-writes NCHW from its accumulators, as before, and no conversion is added.
+A value is kept blocked only when some reader gains from it: a BlockedConv or WinogradConv, a global pool (whose
+output is tiny to convert), or a pass-through op whose own output is kept blocked. So a conv whose only reader
+wants NCHW still writes NCHW from its accumulators, as before, and no conversion is added.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from compiler.passes import CONV_BLOCK, ELEMWISE, block_conv_input_channels, pat
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
 _POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool"}
+_CONVS = {"BlockedConv", "WinogradConv"}  # convs that read and write either layout
 _FLOATS = {"float32", "float64", "float16"}
 
 
@@ -52,7 +54,7 @@ def _can_block(n: Node, can: set[int]) -> bool:
     out = n.outputs[0]
     if len(n.outputs) != 1 or not _blockable_shape(out):
         return False
-    if n.op == "BlockedConv":  # its bias, if any, must be a constant to lay out in blocks
+    if n.op in _CONVS:  # its bias, if any, must be a constant to lay out in blocks
         return len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].const is not None
     if not _passes_through(n):
         return False
@@ -76,7 +78,7 @@ def propagate_nchwc(g: Graph) -> Graph:
             can.add(id(n.outputs[0]))
     wanted: set[int] = set()  # values worth writing NCHWc: a subset of `can`, decided from the readers backwards
     for n in reversed(g.nodes):
-        if n.op == "BlockedConv":
+        if n.op in _CONVS:
             readers_want = n.inputs[:1]
         elif n.op in _GLOBAL_POOLS or id(n.outputs[0]) in wanted:
             readers_want = n.inputs
@@ -111,12 +113,13 @@ def propagate_nchwc(g: Graph) -> Graph:
     for n in g.nodes:
         out = n.outputs[0]
         block_out = id(out) in wanted
-        if n.op == "BlockedConv":
+        if n.op in _CONVS:
             attrs, x = dict(n.attrs), n.inputs[0]
             outs, rest = n.outputs, n.inputs[1:]
             if x is not None and id(x) in blocked:
                 attrs["data_layout"], x = NCHWC, blocked[id(x)]
-                rest = (once(_input_blocked_weight, rest[0]), *rest[1:])
+                if n.op == "BlockedConv":  # a Winograd weight reads either layout as it is
+                    rest = (once(_input_blocked_weight, rest[0]), *rest[1:])
             if block_out:
                 attrs["out_layout"] = NCHWC
                 outs = (_twin(out, blocked),)

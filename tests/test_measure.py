@@ -284,6 +284,7 @@ def test_tasks_know_which_inputs_are_model_constants():
     conv = next(t for t in tasks if t.name == "fused_blockedconv_add_relu")
     assert [conv.dag.inputs[i] for i in conv.constants] == [n for n in conv.dag.inputs if "_bn_" in n or "bias" in n]
     assert len(conv.constants) == 2  # the weight and the bias; the data and the residual are activations
-    # ResNet-18's weights (46.8 MB) exceed a 32 MiB L3, so a run meets them cold; a 64 MiB cache would hold them
-    assert 46e6 < constant_bytes(calls) < 47e6
-    assert weights_arrive_cold(calls, 32 << 20) and not weights_arrive_cold(calls, 64 << 20)
+    # ResNet-18's weights (75.1 MB: 46.8 MB of them as trained, 3x3 weights grown by the Winograd transform) exceed
+    # a 32 MiB L3, so a run meets them cold; a 128 MiB cache would hold them
+    assert 75e6 < constant_bytes(calls) < 75.2e6
+    assert weights_arrive_cold(calls, 32 << 20) and not weights_arrive_cold(calls, 128 << 20)

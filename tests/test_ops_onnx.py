@@ -26,6 +26,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.lower import lower
+from compiler.ops.winograd import winograd_weight
 from compiler.passes import block_conv_input_channels, pack_conv_weight
 from compiler.state import initial_state
 
@@ -34,6 +35,7 @@ EXACT = (0.0, 0.0)
 ARITH = (1e-6, 1e-6)
 TRANSCENDENTAL = (1e-5, 1e-6)
 REDUCTION = (1e-5, 1e-5)
+WINOGRAD = (1e-4, 1e-4)  # the transforms' coefficients (up to 8 in F(4x4, 3x3)) scale the rounding error
 
 
 def f32(*shape: int) -> np.ndarray:
@@ -293,7 +295,12 @@ def reduce_cases() -> list[Case]:
 def nn_cases() -> list[Case]:
     cases = []
     conv = lambda k, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), group=1: {
-        "kernel_shape": list(k), "strides": list(strides), "pads": list(pads), "dilations": list(dil), "group": group}
+        "kernel_shape": list(k),
+        "strides": list(strides),
+        "pads": list(pads),
+        "dilations": list(dil),
+        "group": group,
+    }
     cases += [
         Case("Conv", [f32(1, 3, 7, 8), f32(4, 3, 3, 3)], conv((3, 3)), tol=REDUCTION),
         Case("Conv", [f32(2, 4, 9, 7), f32(6, 4, 3, 2), f32(6)], conv((3, 2), (2, 1), (1, 0, 2, 1)), tol=REDUCTION),
@@ -309,7 +316,9 @@ def nn_cases() -> list[Case]:
              conv((2, 3, 2), (1, 2, 2), (0, 1, 1, 1, 0, 0), (1, 1, 1)), tol=REDUCTION),
     ]  # fmt: skip
     tconv = lambda k, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), group=1, opad=(0, 0): {
-        **conv(k, strides, pads, dil, group), "output_padding": list(opad)}
+        **conv(k, strides, pads, dil, group),
+        "output_padding": list(opad),
+    }
     cases += [
         Case("ConvTranspose", [f32(1, 3, 4, 5), f32(3, 2, 3, 3)], tconv((3, 3)), tol=REDUCTION),
         Case("ConvTranspose", [f32(2, 2, 3, 4), f32(2, 3, 3, 2), f32(3)], tconv((3, 2), (2, 3), (1, 0, 0, 1)),
@@ -366,6 +375,7 @@ def nn_cases() -> list[Case]:
         Case("Dense", [f32(4, 6), f32(5, 6)], tol=REDUCTION, reference=dense_ref),
         Case("Dense", [f32(4, 6), f32(5, 6), f32(5)], tol=REDUCTION, reference=dense_ref),
     ]
+
     # BlockedConv (made by passes): the weight packed F/16 x C x KH x KW x 16; Conv's attributes
     def blocked_ref(x, w, b=None, stride=1, padding=0, dilation=1):
         unpacked = w.transpose(0, 4, 1, 2, 3).reshape(-1, *w.shape[1:4])
@@ -380,6 +390,18 @@ def nn_cases() -> list[Case]:
              reference=lambda x, w: blocked_ref(x, w, None, 1, (2, 1, 2, 1), (2, 1))),
     ]  # fmt: skip
     cases += nchwc_cases(blocked_ref)
+    # WinogradConv (made by passes): the weight transformed for F(m x m, 3 x 3); NCHW or NCHWc data and result
+    wa, wb = f32(32, 16, 3, 3) / 12, f32(16, 32, 3, 3) / 17
+    xa, xb = f32(1, 16, 9, 11), f32(1, 32, 6, 5)
+    ua, ub = winograd_weight(wa, 4, 16), winograd_weight(wb, 2, 16)
+    cases += [
+        Case("WinogradConv", [xa, ua, f32(32)], {"tile": 4, "pads": (1, 1, 1, 1)}, tol=WINOGRAD,
+             reference=lambda x, u, b: blocked_ref(x, pack_conv_weight(wa), b, 1, 1)),
+        Case("WinogradConv", [_to_nchwc(xb), ub, f32(1, 16)],
+             {"tile": 2, "pads": (0, 2, 1, 0), "data_layout": "NCHWc", "out_layout": "NCHWc"}, tol=WINOGRAD,
+             reference=lambda x, u, b: [_to_nchwc(blocked_ref(_to_nchw(x), pack_conv_weight(wb), b.reshape(-1), 1,
+                                                              (0, 2, 1, 0))[0])]),
+    ]  # fmt: skip
     for axis in (0, 1, 2):
         cases.append(Case("Softmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=TRANSCENDENTAL))
         cases.append(Case("LogSoftmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=REDUCTION))
@@ -508,8 +530,16 @@ def resize_cases() -> list[Case]:
     nearest = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
     def case(x, sizes, mode, coord, nmode="round_prefer_floor", scales=None, roi=None, opset=18):
-        attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nmode, "sizes": list(sizes),
-                 "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": -7.0, "antialias": 0}
+        attrs = {
+            "mode": mode,
+            "coordinate_transformation_mode": coord,
+            "nearest_mode": nmode,
+            "sizes": list(sizes),
+            "cubic_coeff_a": -0.75,
+            "exclude_outside": 0,
+            "extrapolation_value": -7.0,
+            "antialias": 0,
+        }
         onnx_attrs = {k: v for k, v in attrs.items() if k != "sizes"}
         roi_in = None if roi is None else np.array(roi, np.float32)
         if roi is not None:

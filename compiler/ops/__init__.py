@@ -33,10 +33,19 @@ from compiler.ops.nn import (
 from compiler.ops.norm import NORM_OPS, layer_norm, softmax
 from compiler.ops.reduce import REDUCE_OPS
 from compiler.ops.transform import TRANSFORM_OPS
+from compiler.ops.winograd import WINOGRAD_OPS
 
 Builder = Callable[[list[te.Tensor | None], dict, str], list[te.Tensor]]
 
-OPS: dict[str, Builder] = {**ELEMENTWISE_OPS, **LINALG_OPS, **NN_OPS, **NORM_OPS, **REDUCE_OPS, **TRANSFORM_OPS}
+OPS: dict[str, Builder] = {
+    **ELEMENTWISE_OPS,
+    **LINALG_OPS,
+    **NN_OPS,
+    **NORM_OPS,
+    **REDUCE_OPS,
+    **TRANSFORM_OPS,
+    **WINOGRAD_OPS,
+}
 
 __all__ = [
     "KERNELS",

@@ -1,0 +1,175 @@
+"""Winograd convolution F(m x m, 3 x 3): a 3x3, stride-1 conv in (m + 2)^2 / (9 m^2) of the direct multiplies.
+
+Each m x m output tile comes from a (m + 2) x (m + 2) input tile d and the 3x3 filter g as Y = A^T [(G g G^T) . (B^T d
+B)] A (Lavin & Gray, 2015). The filter transform U = G g G^T is done once at compile time (`winograd_weight`, called
+by the `winograd_convs` pass); what runs is three stages, the shape TVM's auto-scheduler tunes:
+
+- `pack`: V[e, u, p, co, ci] = sum_{ra, rb} B^T[e, ra] B^T[u, rb] d_p[ra, rb] for every tile p and input channel;
+- `bgemm`: M[e, u, p, fo, fi] = sum_c V[e, u, p, c] U[e, u, fo, c, fi], (m + 2)^2 independent matrix products with
+  the output channels' lanes innermost, as the blocked direct conv has them;
+- `inverse`: Y[vh, vw, p, fo, fi] = sum_{sa, sb} A^T[vh, sa] A^T[vw, sb] M[sa, sb, p, fo, fi], then the output is
+  gathered tile by tile into N x F/b x OH x OW x b (and copied back to NCHW when the result is not kept blocked).
+
+The transform matrices enter the expressions as select chains over their nonzero entries (TVM's const_matrix), so
+once the scheduler unrolls the loops that index them, the code generator folds them into constants and the zero
+entries vanish. The matrices come from the Cook-Toom construction over the points 0, 1, -1, 2, -2, ... and infinity,
+in exact rational arithmetic.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from compiler import te
+from compiler.errors import InvalidExpr
+from compiler.ops.checks import FLOATS, NCHWC, _dims, _dtype_in, _input, _padding, _rank, _same_dtype
+from compiler.ops.nn import Ins, bias_add_nchw, bias_add_nchwc, nchwc_to_nchw, pad
+
+KERNEL = 3
+_POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2), Fraction(-1, 2))
+
+
+def _poly(roots: list[Fraction]) -> list[Fraction]:
+    """Coefficients, lowest power first, of prod (x - r)."""
+    coef = [Fraction(1)]
+    for r in roots:
+        coef = [(coef[d - 1] if d else 0) - r * (coef[d] if d < len(coef) else 0) for d in range(len(coef) + 1)]
+    return coef
+
+
+def winograd_matrices(m: int, r: int = KERNEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A^T (m x a), G (a x r) and B^T (a x a), a = m + r - 1, of F(m, r): y = A^T [(G g) . (B^T d)]."""
+    a = m + r - 1
+    if m < 1 or a - 1 > len(_POINTS):
+        raise InvalidExpr(f"winograd: output tile {m} is not supported (1 to {len(_POINTS) - r + 2})")
+    pts = list(_POINTS[: a - 1])
+    at = [[p**j for p in pts] + [Fraction(int(j == m - 1))] for j in range(m)]
+    g = []
+    for i, p in enumerate(pts):
+        denom = Fraction(1)
+        for q in pts[:i] + pts[i + 1 :]:
+            denom *= p - q
+        g.append([p**j / denom for j in range(r)])
+    g.append([Fraction(int(j == r - 1)) for j in range(r)])
+    bt = [_poly(pts[:i] + pts[i + 1 :]) + [Fraction(0)] for i in range(len(pts))] + [_poly(pts)]
+    as_array = lambda rows: np.array([[float(x) for x in row] for row in rows])  # noqa: E731
+    return as_array(at), as_array(g), as_array(bt)
+
+
+def winograd_weight(w: np.ndarray, m: int, block: int) -> np.ndarray:
+    """An F x C x 3 x 3 conv weight transformed (U = G g G^T, in float64) and laid out a x a x F/block x C x block."""
+    F, C, KH, KW = w.shape
+    if (KH, KW) != (KERNEL, KERNEL) or F % block:
+        raise InvalidExpr(f"winograd_weight: needs an F x C x 3 x 3 weight with F a multiple of {block}, got {w.shape}")
+    _, g, _ = winograd_matrices(m)
+    u = np.einsum("ar,fcrs,bs->abfc", g, w.astype(np.float64), g)
+    a = m + KERNEL - 1
+    u = u.reshape(a, a, F // block, block, C).transpose(0, 1, 2, 4, 3)
+    return np.ascontiguousarray(u.astype(w.dtype))
+
+
+def _entry(M: np.ndarray, i: te.Expr, j: te.Expr, dtype: str) -> te.Expr:
+    """M[i, j] for index expressions: a select chain over M's nonzero entries."""
+    e: te.Expr = te.const(0.0, dtype)
+    for (a, b), v in np.ndenumerate(M):
+        if v != 0:
+            e = te.select(te.equal(i, a) & te.equal(j, b), te.const(float(v), dtype), e)
+    return e
+
+
+def conv2d_winograd(
+    data: te.Tensor, U: te.Tensor, m: int, padding=1, name: str = "conv2d", out_blocked: bool = False
+) -> te.Tensor:
+    """3x3 stride-1 conv of NCHW (N x C x H x W) or NCHWc (N x C/b x H x W x b) data with a weight transformed by
+    `winograd_weight` (a x a x F/b x C x b): N x F/b x OH x OW x b, or N x F x OH x OW unless `out_blocked`."""
+    op = "conv2d_winograd"
+    _rank(op, U, 5, "transformed weight")
+    _same_dtype(op, data, U)
+    a, a2, Fb, C, b = U.shape
+    if a != m + KERNEL - 1 or a2 != a:
+        raise InvalidExpr(f"{op}: weight {_dims(U)} is not transformed for output tiles of {m} ({m + 2} x {m + 2})")
+    if data.ndim == 5:
+        N, Cb, H, W, cb = data.shape
+        if Cb * cb != C:
+            raise InvalidExpr(f"{op}: weight {_dims(U)} has {C} input channels, data {_dims(data)} has {Cb * cb}")
+    else:
+        _rank(op, data, 4, "data")
+        N, Cd, H, W = data.shape
+        cb = b
+        if Cd != C or C % cb:
+            raise InvalidExpr(f"{op}: data {_dims(data)} must have the weight's {C} input channels, a multiple of {cb}")
+        Cb = C // cb
+    pt, pl, pb, pr = _padding(op, padding)
+    OH, OW = H + pt + pb - KERNEL + 1, W + pl + pr - KERNEL + 1
+    if OH < 1 or OW < 1:
+        raise InvalidExpr(f"{op}: data {_dims(data)} with padding {padding} is smaller than the 3x3 kernel")
+    nH, nW = -(-OH // m), -(-OW // m)
+    P = N * nH * nW
+    # zeros around the image, and past its end up to the last whole tile
+    lanes = (0,) * (data.ndim - 4)
+    after = (0, 0, nH * m + 2 - H - pt, nW * m + 2 - W - pl, *lanes)
+    src = pad(data, (0, 0, pt, pl, *lanes), after, name=f"{name}_pad")
+    at, _, bt = winograd_matrices(m)
+    dt = data.dtype
+
+    def tile(p):
+        return p // (nH * nW), (p // nW) % nH, p % nW
+
+    ra, rb = te.reduce_axis(a, "ra"), te.reduce_axis(a, "rb")
+
+    def pack(e, u, p, co, ci):
+        n, th, tw = tile(p)
+        y, x = th * m + ra, tw * m + rb
+        d = src[n, co, y, x, ci] if data.ndim == 5 else src[n, co * cb + ci, y, x]
+        return te.sum(d * _entry(bt, e, ra, dt) * _entry(bt, u, rb, dt), axis=[ra, rb])
+
+    V = te.compute((a, a, P, Cb, cb), pack, name=f"{name}_pack", tag="winograd_pack")
+    rc = te.reduce_axis(C, "rc")
+    M = te.compute(
+        (a, a, P, Fb, b),
+        lambda e, u, p, fo, fi: te.sum(V[e, u, p, rc // cb, rc % cb] * U[e, u, fo, rc, fi], axis=[rc]),
+        name=f"{name}_bgemm",
+        tag="winograd_bgemm",
+    )
+    sa, sb = te.reduce_axis(a, "sa"), te.reduce_axis(a, "sb")
+    inverse = te.compute(
+        (m, m, P, Fb, b),
+        lambda vh, vw, p, fo, fi: te.sum(
+            M[sa, sb, p, fo, fi] * _entry(at, vh, sa, dt) * _entry(at, vw, sb, dt), axis=[sa, sb]
+        ),
+        name=f"{name}_inverse",
+        tag="winograd_inverse",
+    )
+    out = te.compute(
+        (N, Fb, OH, OW, b),
+        lambda n, fo, y, x, fi: inverse[y % m, x % m, (n * nH + y // m) * nW + x // m, fo, fi],
+        name=name if out_blocked else f"{name}_blocked",
+        tag="injective",
+    )
+    return out if out_blocked else nchwc_to_nchw(out, name=name)
+
+
+def winograd_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """tilefarm's WinogradConv (made by the `winograd_convs` pass from a 3x3 stride-1 Conv with a constant weight):
+    inputs X, the transformed weight (a x a x F/b x C x b) and an optional bias; attributes `tile` (m), `pads`, and
+    `data_layout` / `out_layout` as BlockedConv has them."""
+    x, w = _input("WinogradConv", ins, 0, "X"), _input("WinogradConv", ins, 1, "W")
+    bias = ins[2] if len(ins) > 2 else None
+    _dtype_in("WinogradConv", x, FLOATS)
+    if x.ndim != (5 if attrs.get("data_layout") == NCHWC else 4):
+        raise InvalidExpr(
+            f"WinogradConv: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}"
+        )
+    out_blocked = attrs.get("out_layout") == NCHWC
+    conv_name = name if bias is None else f"{name}_conv"
+    out = conv2d_winograd(
+        x, w, int(attrs["tile"]), attrs.get("pads") or (0, 0, 0, 0), name=conv_name, out_blocked=out_blocked
+    )
+    if bias is None:
+        return [out]
+    return [bias_add_nchwc(out, bias, name=name) if out_blocked else bias_add_nchw(out, bias, name=name)]
+
+
+WINOGRAD_OPS = {"WinogradConv": winograd_conv}

@@ -1,0 +1,187 @@
+"""Winograd F(m x m, 3 x 3) convolution: the transform matrices, the three-stage compute in both data layouts, the
+pass that picks it, and that tuned programs of it compute the conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler import te
+from compiler.annotate import materialize, sample
+from compiler.build import run_in_process
+from compiler.codegen import compile_funcs
+from compiler.dag import ComputeDAG
+from compiler.errors import InvalidExpr
+from compiler.lower import lower
+from compiler.onnx_frontend import load
+from compiler.ops.kernels import reference_conv2d
+from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
+from compiler.passes import CONV_BLOCK, WINOGRAD_MIN_TILES, fuse, optimize, winograd_tiles
+from compiler.sketch import generate_sketches
+from compiler.state import initial_state
+from compiler.target import Target
+
+B = CONV_BLOCK
+
+
+def _max_rel(got: np.ndarray, want: np.ndarray) -> float:
+    # the error of a sum of many terms scales with the terms, not with each result: compare against the largest
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("m", [2, 4, 6])
+def test_the_matrices_compute_a_1d_convolution(m):
+    at, g, bt = winograd_matrices(m)
+    assert at.shape == (m, m + 2) and g.shape == (m + 2, 3) and bt.shape == (m + 2, m + 2)
+    rng = np.random.default_rng(m)
+    d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
+    direct = np.array([d[i : i + 3] @ w for i in range(m)])
+    np.testing.assert_allclose(at @ ((g @ w) * (bt @ d)), direct, rtol=1e-12, atol=1e-12)
+
+
+def test_f4_has_lavins_matrices():
+    at, g, bt = winograd_matrices(4)
+    assert bt[0].tolist() == [4, 0, -5, 0, 1, 0] and bt[5].tolist() == [0, 4, 0, -5, 0, 1]
+    assert at[3].tolist() == [0, 1, -1, 8, -8, 1] and g[0].tolist() == [0.25, 0, 0]
+
+
+def _blocked(x: np.ndarray) -> np.ndarray:
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // B, B, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _case(c, f, h, w, m, pads, blocked_in, blocked_out, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    data = te.placeholder((1, c // B, h, w, B) if blocked_in else (1, c, h, w), name="data")
+    u = winograd_weight(wt, m, B)
+    U = te.placeholder(u.shape, name="U")
+    out = conv2d_winograd(data, U, m, pads, name="conv", out_blocked=blocked_out)
+    pt, pl, pb, pr = pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    want = reference_conv2d(xp, wt.astype(np.float64), 1, 0)
+    if blocked_out:
+        want = _blocked(want)
+    return ComputeDAG([data, U, out]), [_blocked(x) if blocked_in else x, u], want
+
+
+@pytest.mark.parametrize(
+    "c, f, h, w, m, pads, blocked_in, blocked_out",
+    [
+        (16, 32, 8, 8, 4, (1, 1, 1, 1), False, False),  # whole tiles, NCHW in and out
+        (32, 16, 10, 7, 4, (1, 1, 1, 1), True, True),  # ragged tiles: 10 x 7 outputs in 3 x 2 tiles of 4
+        (16, 16, 9, 9, 2, (0, 1, 2, 0), True, False),  # uneven padding, F(2x2, 3x3)
+    ],
+)
+def test_the_default_schedule_computes_the_conv(c, f, h, w, m, pads, blocked_in, blocked_out):
+    dag, args, want = _case(c, f, h, w, m, pads, blocked_in, blocked_out)
+    kernel = compile_funcs([lower(initial_state(dag), "k")])["k"]
+    out = np.zeros(dag.ops[-1].shape, np.float32)
+    kernel(*args, out)
+    assert _max_rel(out, want) < 1e-5
+
+
+def test_random_annotations_compute_the_conv():
+    # 27 sketches: each of the three reductions tiled alone, with a cache write, or fused into its consumer at
+    # either tile level; the first (all cache writes) and the last (all tiled in place) and one between
+    dag, args, want = _case(16, 16, 8, 8, 4, (1, 1, 1, 1), True, True, seed=3)
+    sketches = generate_sketches(dag, Target.host())
+    assert len(sketches) == 27
+    rng = np.random.default_rng(0)
+    lanes = max(1, Target.host().vector_bytes // 4)
+    picked = [sketches[0], sketches[13], sketches[-1]]
+    states = [materialize(sk, sample(sk, rng, 2, lanes=lanes)) for sk in picked]
+    kernels = compile_funcs([lower(st, f"k{i}") for i, st in enumerate(states)])
+    for i, sk in enumerate(picked):
+        out = np.zeros(dag.ops[-1].shape, np.float32)
+        kernels[f"k{i}"](*args, out)
+        assert _max_rel(out, want) < 1e-5, f"sketch {sk.rules}"
+
+
+def test_bad_weights_are_named():
+    with pytest.raises(InvalidExpr, match="3 x 3 weight"):
+        winograd_weight(np.zeros((16, 16, 5, 5), np.float32), 4, B)
+    data = te.placeholder((1, 16, 8, 8), name="data")
+    with pytest.raises(InvalidExpr, match="not transformed for output tiles of 2"):
+        conv2d_winograd(data, te.placeholder((6, 6, 1, 16, B), name="U"), 2, 1)
+    with pytest.raises(InvalidExpr, match="32 input channels"):
+        conv2d_winograd(data, te.placeholder((6, 6, 1, 32, B), name="U"), 4, 1)
+
+
+def _conv_node(name, x, out, inits, rng, cin, cout, k=3, stride=1, group=1, dilation=1):
+    inits[f"{name}_w"] = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    inits[f"{name}_b"] = rng.standard_normal(cout).astype(np.float32)
+    p = dilation * (k // 2)
+    return helper.make_node(
+        "Conv",
+        [x, f"{name}_w", f"{name}_b"],
+        [out],
+        kernel_shape=[k, k],
+        pads=[p] * 4,
+        strides=[stride] * 2,
+        group=group,
+        dilations=[dilation] * 2,
+    )
+
+
+def residual_block(rng, hw=16, c=B, f=2 * B) -> onnx.ModelProto:
+    """conv + ReLU, conv + residual (a 1x1 shortcut) + ReLU, a strided conv: ResNet's layer pattern."""
+    inits: dict = {}
+    nodes = [
+        _conv_node("a", "x", "a", inits, rng, c, f),
+        helper.make_node("Relu", ["a"], ["a_r"]),
+        _conv_node("b", "a_r", "b", inits, rng, f, f),
+        _conv_node("short", "x", "sc", inits, rng, c, f, k=1),
+        helper.make_node("Add", ["b", "sc"], ["s"]),
+        helper.make_node("Relu", ["s"], ["s_r"]),
+        _conv_node("down", "s_r", "y", inits, rng, f, f, stride=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, f, hw // 2, hw // 2])],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_pass_takes_3x3_stride_1_convs_with_enough_tiles_and_keeps_the_layout_blocked():
+    g = optimize(load(residual_block(np.random.default_rng(0))))
+    ops = {n.outputs[0].name.removesuffix("_nchwc"): n for n in g.nodes}
+    assert ops["a"].op == ops["b"].op == "WinogradConv"  # 16 x 16 outputs: 16 tiles of 4 x 4
+    assert ops["sc"].op == ops["y"].op == "BlockedConv"  # a 1x1 and a strided conv stay direct
+    assert ops["a"].attrs.get("data_layout", "NCHW") == "NCHW" and ops["b"].attrs["data_layout"] == "NCHWc"
+    assert ops["a"].inputs[1].shape == (6, 6, 2, B, B) and ops["b"].attrs["out_layout"] == "NCHWc"
+    groups = [[n.op for n in grp.nodes] for grp in fuse(g)]
+    assert ["WinogradConv", "Relu"] in groups and ["WinogradConv", "Add", "Relu"] in groups
+
+
+def test_small_images_and_other_convs_stay_direct():
+    g = optimize(load(residual_block(np.random.default_rng(0), hw=12)))  # 3 x 3 = 9 tiles
+    assert not [n for n in g.nodes if n.op == "WinogradConv"] and WINOGRAD_MIN_TILES > 9
+    rng, inits = np.random.default_rng(1), {}
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2 * B, 32, 32])
+    for node, why in [
+        (_conv_node("g", "x", "y", inits, rng, 2 * B, 2 * B, group=2), "two groups"),
+        (_conv_node("d", "x", "y", inits, rng, 2 * B, 2 * B, dilation=2), "dilated"),
+        (_conv_node("k", "x", "y", inits, rng, 2 * B, 2 * B, k=5), "5x5"),
+        (_conv_node("c", "x", "y", inits, rng, 2 * B, 24), "24 output channels"),
+    ]:
+        graph = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        graph.initializer.extend(numpy_helper.from_array(inits[i], i) for i in node.input[1:])
+        n = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).nodes[0]
+        assert winograd_tiles(n) == 0, why
+
+
+def test_a_network_with_winograd_convs_matches_onnxruntime():
+    rng = np.random.default_rng(2)
+    model = residual_block(rng, hw=18)  # 18 x 18 outputs: 5 x 5 tiles of 4, the last row and column ragged
+    x = rng.standard_normal((1, B, 18, 18)).astype(np.float32)
+    got = run_in_process(load(model), {"x": x})["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert _max_rel(got, want) < 1e-5
