@@ -10,6 +10,7 @@ libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,20 @@ def _int_const(v: ir.Value) -> int | None:
     return None
 
 
+def _bool_const(v: ir.Value) -> bool | None:
+    if isinstance(v, ir.Constant) and v.type == ir.IntType(1) and isinstance(v.constant, int):
+        return bool(v.constant)
+    return None
+
+
+def _float_const(v: ir.Value) -> tuple[float, bool] | None:
+    """A scalar float constant's value and sign bit (so -0.0 and +0.0 are told apart)."""
+    if isinstance(v, ir.Constant) and isinstance(v.type, (ir.FloatType, ir.DoubleType)):
+        if isinstance(v.constant, float):
+            return v.constant, math.copysign(1.0, v.constant) < 0
+    return None
+
+
 def _splat_const(like: ir.Value, value) -> ir.Constant:
     """`value` as a constant of `like`'s type (every lane, for a vector)."""
     w = _width(like)
@@ -90,6 +105,7 @@ def _mod(a: int, b: int) -> int:
     return 0 if b == 0 else a % b
 
 
+_COMPARE = {"lt": int.__lt__, "le": int.__le__, "eq": int.__eq__, "ne": int.__ne__, "gt": int.__gt__, "ge": int.__ge__}
 _FOLD = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__, "floordiv": _floordiv, "div": _floordiv,
          "mod": _mod, "min": min, "max": max}
 
@@ -589,7 +605,15 @@ class _FnEmitter:
 
     def binary(self, e: Binary) -> ir.Value:
         if e.op in ("and", "or"):
-            a, b = self.unify(self.as_bool(e.a), self.as_bool(e.b))
+            a = self.as_bool(e.a)
+            ca = _bool_const(a)
+            if ca is not None:  # an unrolled index made it constant: the other side decides, or is never needed
+                return self.as_bool(e.b) if ca == (e.op == "and") else a
+            b = self.as_bool(e.b)
+            cb = _bool_const(b)
+            if cb is not None:
+                return a if cb == (e.op == "and") else b
+            a, b = self.unify(a, b)
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
         dt = dtypes.promote(e.a.dtype, e.b.dtype) if e.op in _FCMP else e.dtype
         a = self.convert(self.expr(e.a), e.a.dtype, dt)
@@ -602,6 +626,9 @@ class _FnEmitter:
         return self.int_arith(e.op, a, b, dt)
 
     def compare(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
+        ca, cb = _int_const(a), _int_const(b)
+        if ca is not None and cb is not None and not dtypes.is_float(dt):  # unrolled indices (a Winograd matrix entry)
+            return ir.Constant(ir.IntType(1), int(_COMPARE[op](ca, cb)))
         sym = _FCMP[op]
         if dtypes.is_float(dt):  # numpy: comparisons with NaN are false, except !=
             return self.b.fcmp_unordered(sym, a, b) if op == "ne" else self.b.fcmp_ordered(sym, a, b)
@@ -610,6 +637,16 @@ class _FnEmitter:
 
     def float_arith(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
         bld = self.b
+        # exact IEEE identities, so a term a constant matrix zeroes (see compiler.ops.winograd) costs nothing:
+        # x + -0.0 is x for every x (+0.0 is not: -0.0 + +0.0 is +0.0), and x * 1.0 is x
+        if op == "add" and _float_const(b) == (-0.0, True):
+            return a
+        if op == "add" and _float_const(a) == (-0.0, True):
+            return b
+        if op == "mul" and _float_const(b) == (1.0, False):
+            return a
+        if op == "mul" and _float_const(a) == (1.0, False):
+            return b
         if op == "add":
             return bld.fadd(a, b, flags=_CONTRACT)
         if op == "sub":
@@ -777,6 +814,9 @@ class _FnEmitter:
 
     def select(self, e: Select) -> ir.Value:
         cond = self.as_bool(e.cond)
+        known = _bool_const(cond)
+        if known is not None:  # only the chosen branch exists
+            return self.expr(e.t if known else e.f)
         if not (has_hazard(e.t) or has_hazard(e.f)):
             c, t, f = self.unify(cond, self.expr(e.t), self.expr(e.f))
             return self.b.select(c, t, f)

@@ -11,9 +11,10 @@ by the `winograd_convs` pass); what runs is three stages, the shape TVM's auto-s
   gathered tile by tile into N x F/b x OH x OW x b (and copied back to NCHW when the result is not kept blocked).
 
 The transform matrices enter the expressions as select chains over their nonzero entries (TVM's const_matrix), so
-once the scheduler unrolls the loops that index them, the code generator folds them into constants and the zero
-entries vanish. The matrices come from the Cook-Toom construction over the points 0, 1, -1, 2, -2, ... and infinity,
-in exact rational arithmetic.
+once the scheduler unrolls the loops that index them, the code generator folds each entry into a constant
+(compiler.codegen.cpu folds comparisons of constants, selects on a constant condition and x * 1.0). The matrices
+come from the Cook-Toom construction over the points 0, 1, -1, 2, -2, ... and infinity, in exact rational
+arithmetic.
 """
 
 from __future__ import annotations
