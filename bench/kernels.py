@@ -83,15 +83,18 @@ def blocked_conv(c: int, hw: int) -> Workload:
 def winograd_conv(c: int, hw: int) -> Workload:
     """The layer as tilefarm compiles it inside a model now (the `winograd_convs` pass takes every 3x3 stride-1
     conv with at least 16 output tiles): Winograd F(4x4, 3x3), its weight transformed at compile time."""
-    from compiler.ops.winograd import conv2d_winograd, winograd_weight
+    from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
     from compiler.passes import WINOGRAD_TILE
 
+    m, a = WINOGRAD_TILE, WINOGRAD_TILE + 2
     data = te.placeholder((1, c, hw, hw), name="data")
-    a = WINOGRAD_TILE + 2
     weight = te.placeholder((a, a, c // CONV_BLOCK, c, CONV_BLOCK), name="weight")
-    out = conv2d_winograd(data, weight, WINOGRAD_TILE, padding=1, name="conv")
+    bt, at = te.placeholder((a, a), name="bt"), te.placeholder((m, a), name="at")
+    out = conv2d_winograd(data, weight, bt, at, padding=1, name="conv")
     shapes = ((1, c, hw, hw), (c, c, 3, 3))
-    pack = lambda arr: [arr[0], winograd_weight(arr[1], WINOGRAD_TILE, CONV_BLOCK)]
+    mat_at, _, mat_bt = winograd_matrices(m)
+    f32 = np.float32
+    pack = lambda arr: [arr[0], winograd_weight(arr[1], m, CONV_BLOCK), mat_bt.astype(f32), mat_at.astype(f32)]
     flop = 2 * c * c * 9 * hw * hw  # the direct conv's count, as GFLOP/s figures for Winograd convs are quoted
     return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack, flop)
 
@@ -132,7 +135,7 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
     from onnx import TensorProto, helper, numpy_helper
 
     op, attrs, const_ids = w.onnx_node()
-    names = [t.name for t in w.inputs]
+    names = [t.name for t in w.inputs][: len(arrays)]  # the ONNX node's inputs: a kernel may take more constants
     feeds = [n for i, n in enumerate(names) if i not in const_ids]
     inits = [numpy_helper.from_array(arrays[i], names[i]) for i in const_ids]
     graph = helper.make_graph(

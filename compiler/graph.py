@@ -49,8 +49,9 @@ Details the frontend (`compiler.onnx_frontend`) guarantees beyond that:
   comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b;
   with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too).
 - `WinogradConv` (made by passes): a 3x3, stride-1, one-group Conv whose weight is transformed for Winograd
-  F(m x m, 3 x 3) and laid out a x a x F/b x C x b (a = m + 2); attributes `tile` (m), `pads`, and `data_layout` /
-  `out_layout` as BlockedConv has them (its weight is the same in both data layouts).
+  F(m x m, 3 x 3) and laid out a x a x F/b x C x b (a = m + 2); inputs X, that weight, an optional bias (None when
+  absent), then the constants B^T (a x a) and A^T (m x a); attributes `pads`, and `data_layout` / `out_layout` as
+  BlockedConv has them (its weight is the same in both data layouts).
 - `layout="NCHWc"` on MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (made by `propagate_nchwc`): input and
   output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
   carry the 5-D type.

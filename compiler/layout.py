@@ -123,7 +123,7 @@ def propagate_nchwc(g: Graph) -> Graph:
             if block_out:
                 attrs["out_layout"] = NCHWC
                 outs = (_twin(out, blocked),)
-                rest = (rest[0], *(once(_blocked_bias, v) for v in rest[1:]))
+                rest = (rest[0], *(once(_blocked_bias, v) for v in rest[1:2]), *rest[2:])  # WinogradConv: B^T, A^T
             nodes.append(replace(n, inputs=(x, *rest), outputs=outs, attrs=attrs))
         elif block_out:
             ins = tuple(blocked[id(v)] if v is not None and id(v) in blocked else v for v in n.inputs)

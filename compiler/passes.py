@@ -174,18 +174,26 @@ def winograd_convs(g: Graph) -> Graph:
     conv's multiplies. Smaller images (ResNet's 7x7 stage) stay direct, where the 4x larger transformed weight
     would be read for a handful of tiles. onnxruntime's CPU convs are all direct; TVM's auto-scheduler tunes
     the same Winograd form for x86."""
-    from compiler.ops.winograd import winograd_weight
+    from compiler.ops.winograd import winograd_matrices, winograd_weight
 
-    nodes = []
+    nodes, transforms = [], {}
     for n in g.nodes:
         if winograd_tiles(n) < WINOGRAD_MIN_TILES:
             nodes.append(n)
             continue
         w = n.inputs[1]
+        if w.dtype not in transforms:  # B^T and A^T: one pair of constants that every such conv reads
+            at, _, bt = winograd_matrices(WINOGRAD_TILE)
+            transforms[w.dtype] = tuple(
+                Value(f"winograd{WINOGRAD_TILE}_{t}_{w.dtype}", TensorType(c.shape, w.dtype), c.astype(w.dtype))
+                for t, c in (("bt", bt), ("at", at))
+            )
         u = winograd_weight(w.const, WINOGRAD_TILE, CONV_BLOCK)
         weight = Value(f"{w.name}_winograd{WINOGRAD_TILE}", TensorType(u.shape, w.dtype), u)
-        attrs = {"pads": tuple(n.attrs.get("pads") or (0, 0, 0, 0)), "tile": WINOGRAD_TILE}
-        nodes.append(replace(n, op="WinogradConv", inputs=(n.inputs[0], weight, *n.inputs[2:]), attrs=attrs))
+        bias = n.inputs[2] if len(n.inputs) > 2 else None
+        attrs = {"pads": tuple(n.attrs.get("pads") or (0, 0, 0, 0))}
+        inputs = (n.inputs[0], weight, bias, *transforms[w.dtype])
+        nodes.append(replace(n, op="WinogradConv", inputs=inputs, attrs=attrs))
     return Graph(g.inputs, g.outputs, nodes, g.name)
 
 

@@ -26,7 +26,7 @@ from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr, UnsupportedDType
 from compiler.lower import lower
-from compiler.ops.winograd import winograd_weight
+from compiler.ops.winograd import winograd_matrices, winograd_weight
 from compiler.passes import block_conv_input_channels, pack_conv_weight
 from compiler.state import initial_state
 
@@ -394,13 +394,16 @@ def nn_cases() -> list[Case]:
     wa, wb = f32(32, 16, 3, 3) / 12, f32(16, 32, 3, 3) / 17
     xa, xb = f32(1, 16, 9, 11), f32(1, 32, 6, 5)
     ua, ub = winograd_weight(wa, 4, 16), winograd_weight(wb, 2, 16)
+    mats = {m: [t.astype(np.float32) for t in winograd_matrices(m)[::-2]] for m in (2, 4)}  # B^T, A^T
     cases += [
-        Case("WinogradConv", [xa, ua, f32(32)], {"tile": 4, "pads": (1, 1, 1, 1)}, tol=WINOGRAD,
-             reference=lambda x, u, b: blocked_ref(x, pack_conv_weight(wa), b, 1, 1)),
-        Case("WinogradConv", [_to_nchwc(xb), ub, f32(1, 16)],
-             {"tile": 2, "pads": (0, 2, 1, 0), "data_layout": "NCHWc", "out_layout": "NCHWc"}, tol=WINOGRAD,
-             reference=lambda x, u, b: [_to_nchwc(blocked_ref(_to_nchw(x), pack_conv_weight(wb), b.reshape(-1), 1,
-                                                              (0, 2, 1, 0))[0])]),
+        Case("WinogradConv", [xa, ua, f32(32), *mats[4]], {"pads": (1, 1, 1, 1)}, tol=WINOGRAD,
+             reference=lambda x, u, b, bt, at: blocked_ref(x, pack_conv_weight(wa), b, 1, 1)),
+        Case("WinogradConv", [_to_nchwc(xb), ub, f32(1, 16), *mats[2]],
+             {"pads": (0, 2, 1, 0), "data_layout": "NCHWc", "out_layout": "NCHWc"}, tol=WINOGRAD,
+             reference=lambda x, u, b, bt, at: [_to_nchwc(blocked_ref(_to_nchw(x), pack_conv_weight(wb),
+                                                                      b.reshape(-1), 1, (0, 2, 1, 0))[0])]),
+        Case("WinogradConv", [xa, ua, None, *mats[4]], {"pads": (1, 1, 1, 1)}, tol=WINOGRAD,
+             reference=lambda x, u, b, bt, at: blocked_ref(x, pack_conv_weight(wa), None, 1, 1)),
     ]  # fmt: skip
     for axis in (0, 1, 2):
         cases.append(Case("Softmax", [f32(3, 4, 5) * 3], {"axis": axis}, tol=TRANSCENDENTAL))

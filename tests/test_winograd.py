@@ -59,14 +59,16 @@ def _case(c, f, h, w, m, pads, blocked_in, blocked_out, seed=0):
     wt = (rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
     data = te.placeholder((1, c // B, h, w, B) if blocked_in else (1, c, h, w), name="data")
     u = winograd_weight(wt, m, B)
-    U = te.placeholder(u.shape, name="U")
-    out = conv2d_winograd(data, U, m, pads, name="conv", out_blocked=blocked_out)
+    at, _, bt = winograd_matrices(m)
+    U, BT, AT = (te.placeholder(t.shape, name=n) for t, n in ((u, "U"), (bt, "bt"), (at, "at")))
+    out = conv2d_winograd(data, U, BT, AT, pads, name="conv", out_blocked=blocked_out)
     pt, pl, pb, pr = pads
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     want = reference_conv2d(xp, wt.astype(np.float64), 1, 0)
     if blocked_out:
         want = _blocked(want)
-    return ComputeDAG([data, U, out]), [_blocked(x) if blocked_in else x, u], want
+    args = [_blocked(x) if blocked_in else x, u, bt.astype(np.float32), at.astype(np.float32)]
+    return ComputeDAG([data, U, BT, AT, out]), args, want
 
 
 @pytest.mark.parametrize(
@@ -106,10 +108,11 @@ def test_bad_weights_are_named():
     with pytest.raises(InvalidExpr, match="3 x 3 weight"):
         winograd_weight(np.zeros((16, 16, 5, 5), np.float32), 4, B)
     data = te.placeholder((1, 16, 8, 8), name="data")
-    with pytest.raises(InvalidExpr, match="not transformed for output tiles of 2"):
-        conv2d_winograd(data, te.placeholder((6, 6, 1, 16, B), name="U"), 2, 1)
+    bt, at = te.placeholder((6, 6), name="bt"), te.placeholder((4, 6), name="at")
+    with pytest.raises(InvalidExpr, match="not the transforms of one F"):
+        conv2d_winograd(data, te.placeholder((6, 6, 1, 16, B), name="U"), bt, te.placeholder((2, 4), name="at"), 1)
     with pytest.raises(InvalidExpr, match="32 input channels"):
-        conv2d_winograd(data, te.placeholder((6, 6, 1, 32, B), name="U"), 4, 1)
+        conv2d_winograd(data, te.placeholder((6, 6, 1, 32, B), name="U"), bt, at, 1)
 
 
 def _conv_node(name, x, out, inits, rng, cin, cout, k=3, stride=1, group=1, dilation=1):
@@ -157,6 +160,8 @@ def test_the_pass_takes_3x3_stride_1_convs_with_enough_tiles_and_keeps_the_layou
     assert ops["sc"].op == ops["y"].op == "BlockedConv"  # a 1x1 and a strided conv stay direct
     assert ops["a"].attrs.get("data_layout", "NCHW") == "NCHW" and ops["b"].attrs["data_layout"] == "NCHWc"
     assert ops["a"].inputs[1].shape == (6, 6, 2, B, B) and ops["b"].attrs["out_layout"] == "NCHWc"
+    assert ops["b"].inputs[2].shape == (2, B)  # the bias laid out in blocks; then B^T and A^T, shared
+    assert ops["a"].inputs[3] is ops["b"].inputs[3] and [v.shape for v in ops["a"].inputs[3:]] == [(6, 6), (4, 6)]
     groups = [[n.op for n in grp.nodes] for grp in fuse(g)]
     assert ["WinogradConv", "Relu"] in groups and ["WinogradConv", "Add", "Relu"] in groups
 

@@ -10,11 +10,10 @@ by the `winograd_convs` pass); what runs is three stages, the shape TVM's auto-s
 - `inverse`: Y[vh, vw, p, fo, fi] = sum_{sa, sb} A^T[vh, sa] A^T[vw, sb] M[sa, sb, p, fo, fi], then the output is
   gathered tile by tile into N x F/b x OH x OW x b (and copied back to NCHW when the result is not kept blocked).
 
-The transform matrices enter the expressions as select chains over their nonzero entries (TVM's const_matrix), so
-once the scheduler unrolls the loops that index them, the code generator folds each entry into a constant
-(compiler.codegen.cpu folds comparisons of constants, selects on a constant condition and x * 1.0). The matrices
-come from the Cook-Toom construction over the points 0, 1, -1, 2, -2, ... and infinity, in exact rational
-arithmetic.
+The transform matrices are small constant inputs (B^T and A^T, read from L1), so the code stays small whatever
+the scheduler unrolls; TVM writes them into the expression as select chains instead, which once unrolled fold into
+constants, but here made candidates take up to 15 s to compile. They come from the Cook-Toom construction over the
+points 0, 1, -1, 2, -2, ... and infinity, in exact rational arithmetic.
 """
 
 from __future__ import annotations
@@ -71,26 +70,30 @@ def winograd_weight(w: np.ndarray, m: int, block: int) -> np.ndarray:
     return np.ascontiguousarray(u.astype(w.dtype))
 
 
-def _entry(M: np.ndarray, i: te.Expr, j: te.Expr, dtype: str) -> te.Expr:
-    """M[i, j] for index expressions: a select chain over M's nonzero entries."""
-    e: te.Expr = te.const(0.0, dtype)
-    for (a, b), v in np.ndenumerate(M):
-        if v != 0:
-            e = te.select(te.equal(i, a) & te.equal(j, b), te.const(float(v), dtype), e)
-    return e
-
-
 def conv2d_winograd(
-    data: te.Tensor, U: te.Tensor, m: int, padding=1, name: str = "conv2d", out_blocked: bool = False
+    data: te.Tensor,
+    U: te.Tensor,
+    BT: te.Tensor,
+    AT: te.Tensor,
+    padding=1,
+    name: str = "conv2d",
+    out_blocked: bool = False,
 ) -> te.Tensor:
     """3x3 stride-1 conv of NCHW (N x C x H x W) or NCHWc (N x C/b x H x W x b) data with a weight transformed by
-    `winograd_weight` (a x a x F/b x C x b): N x F/b x OH x OW x b, or N x F x OH x OW unless `out_blocked`."""
+    `winograd_weight` (a x a x F/b x C x b), given the transform matrices B^T (a x a) and A^T (m x a) as inputs
+    (`winograd_matrices`): N x F/b x OH x OW x b, or N x F x OH x OW unless `out_blocked`."""
     op = "conv2d_winograd"
     _rank(op, U, 5, "transformed weight")
-    _same_dtype(op, data, U)
+    _rank(op, AT, 2, "A^T")
+    for t in (U, BT, AT):
+        _same_dtype(op, data, t)
     a, a2, Fb, C, b = U.shape
-    if a != m + KERNEL - 1 or a2 != a:
-        raise InvalidExpr(f"{op}: weight {_dims(U)} is not transformed for output tiles of {m} ({m + 2} x {m + 2})")
+    m = AT.shape[0]
+    if BT.shape != (a, a) or AT.shape != (m, a) or a != m + KERNEL - 1 or a2 != a:
+        raise InvalidExpr(
+            f"{op}: weight {_dims(U)}, B^T {_dims(BT)} and A^T {_dims(AT)} are not the transforms of one"
+            f" F(m x m, 3 x 3) (a x a x F/b x C x b, a x a and m x a with a = m + 2)"
+        )
     if data.ndim == 5:
         N, Cb, H, W, cb = data.shape
         if Cb * cb != C:
@@ -112,8 +115,6 @@ def conv2d_winograd(
     lanes = (0,) * (data.ndim - 4)
     after = (0, 0, nH * m + 2 - H - pt, nW * m + 2 - W - pl, *lanes)
     src = pad(data, (0, 0, pt, pl, *lanes), after, name=f"{name}_pad")
-    at, _, bt = winograd_matrices(m)
-    dt = data.dtype
 
     def tile(p):
         return p // (nH * nW), (p // nW) % nH, p % nW
@@ -124,7 +125,7 @@ def conv2d_winograd(
         n, th, tw = tile(p)
         y, x = th * m + ra, tw * m + rb
         d = src[n, co, y, x, ci] if data.ndim == 5 else src[n, co * cb + ci, y, x]
-        return te.sum(d * _entry(bt, e, ra, dt) * _entry(bt, u, rb, dt), axis=[ra, rb])
+        return te.sum(d * BT[e, ra] * BT[u, rb], axis=[ra, rb])
 
     V = te.compute((a, a, P, Cb, cb), pack, name=f"{name}_pack", tag="winograd_pack")
     rc = te.reduce_axis(C, "rc")
@@ -137,9 +138,7 @@ def conv2d_winograd(
     sa, sb = te.reduce_axis(a, "sa"), te.reduce_axis(a, "sb")
     inverse = te.compute(
         (m, m, P, Fb, b),
-        lambda vh, vw, p, fo, fi: te.sum(
-            M[sa, sb, p, fo, fi] * _entry(at, vh, sa, dt) * _entry(at, vw, sb, dt), axis=[sa, sb]
-        ),
+        lambda vh, vw, p, fo, fi: te.sum(M[sa, sb, p, fo, fi] * AT[vh, sa] * AT[vw, sb], axis=[sa, sb]),
         name=f"{name}_inverse",
         tag="winograd_inverse",
     )
@@ -154,10 +153,11 @@ def conv2d_winograd(
 
 def winograd_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's WinogradConv (made by the `winograd_convs` pass from a 3x3 stride-1 Conv with a constant weight):
-    inputs X, the transformed weight (a x a x F/b x C x b) and an optional bias; attributes `tile` (m), `pads`, and
+    inputs X, the transformed weight (a x a x F/b x C x b), an optional bias, B^T and A^T; attributes `pads`, and
     `data_layout` / `out_layout` as BlockedConv has them."""
     x, w = _input("WinogradConv", ins, 0, "X"), _input("WinogradConv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
+    bt, at = _input("WinogradConv", ins, 3, "B^T"), _input("WinogradConv", ins, 4, "A^T")
     _dtype_in("WinogradConv", x, FLOATS)
     if x.ndim != (5 if attrs.get("data_layout") == NCHWC else 4):
         raise InvalidExpr(
@@ -165,9 +165,7 @@ def winograd_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         )
     out_blocked = attrs.get("out_layout") == NCHWC
     conv_name = name if bias is None else f"{name}_conv"
-    out = conv2d_winograd(
-        x, w, int(attrs["tile"]), attrs.get("pads") or (0, 0, 0, 0), name=conv_name, out_blocked=out_blocked
-    )
+    out = conv2d_winograd(x, w, bt, at, attrs.get("pads") or (0, 0, 0, 0), name=conv_name, out_blocked=out_blocked)
     if bias is None:
         return [out]
     return [bias_add_nchwc(out, bias, name=name) if out_blocked else bias_add_nchw(out, bias, name=name)]
