@@ -41,6 +41,8 @@ class Workload:
     onnx_shapes: tuple[tuple[int, ...], ...] = ()
     to_kernel: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
     flop: int | None = None  # the FLOP count GFLOP/s is quoted in, where it is not the DAG's own
+    # the layer as it runs inside a model, NCHWc in and out: onnxruntime runs its NCHWc conv node alone
+    nchwc: bool = False
 
     def flop_count(self, dag) -> int:
         return self.flop or dag.flop_count
@@ -82,21 +84,29 @@ def blocked_conv(c: int, hw: int) -> Workload:
 
 def winograd_conv(c: int, hw: int) -> Workload:
     """The layer as tilefarm compiles it inside a model now (the `winograd_convs` pass takes every 3x3 stride-1
-    conv with at least 16 output tiles): Winograd F(4x4, 3x3), its weight transformed at compile time."""
+    conv with at least 16 output tiles): Winograd F(4x4, 3x3), its weight transformed at compile time, NCHWc
+    activations in and out (as between two convs); onnxruntime runs its NCHWc conv node the same way."""
     from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
     from compiler.passes import WINOGRAD_TILE
 
     m, a = WINOGRAD_TILE, WINOGRAD_TILE + 2
-    data = te.placeholder((1, c, hw, hw), name="data")
-    weight = te.placeholder((a, a, c // CONV_BLOCK, c, CONV_BLOCK), name="weight")
+    b = CONV_BLOCK
+    data = te.placeholder((1, c // b, hw, hw, b), name="data")
+    weight = te.placeholder((a, a, c // b, c, b), name="weight")
     bt, at = te.placeholder((a, a), name="bt"), te.placeholder((m, a), name="at")
-    out = conv2d_winograd(data, weight, bt, at, padding=1, name="conv")
+    out = conv2d_winograd(data, weight, bt, at, padding=1, name="conv", out_blocked=True)
     shapes = ((1, c, hw, hw), (c, c, 3, 3))
     mat_at, _, mat_bt = winograd_matrices(m)
     f32 = np.float32
-    pack = lambda arr: [arr[0], winograd_weight(arr[1], m, CONV_BLOCK), mat_bt.astype(f32), mat_at.astype(f32)]
+
+    def to_kernel(arr):
+        x = arr[0].reshape(1, c // b, b, hw, hw).transpose(0, 1, 3, 4, 2)
+        return [np.ascontiguousarray(x), winograd_weight(arr[1], m, b), mat_bt.astype(f32), mat_at.astype(f32)]
+
     flop = 2 * c * c * 9 * hw * hw  # the direct conv's count, as GFLOP/s figures for Winograd convs are quoted
-    return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack, flop)
+    return Workload(
+        f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight, bt, at], out, None, _conv_node, shapes, to_kernel, flop, nchwc=True
+    )
 
 
 def _direct(w: Workload) -> Workload:
@@ -152,9 +162,41 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8  # readable by every onnxruntime release we support
     onnx.checker.check_model(model)
+    if w.nchwc:
+        return _nchwc_node(model, arrays[0], threads)
     sess = ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
     feed = {n: arrays[names.index(n)] for n in feeds}
     return lambda: sess.run(None, feed)[0]
+
+
+def _nchwc_node(model, x: np.ndarray, threads: int):
+    """onnxruntime's own NCHWc conv node for a one-Conv model, run alone: its graph optimizer rewrites the model to
+    ReorderInput -> NCHWc Conv -> ReorderOutput (weights reordered at load); the reorders are dropped, so the node
+    takes and returns NCHWc data, as it does between two convs of a model. Returns a function giving the output in
+    NCHWc order (N x C/16 x H x W x 16)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort_options(threads)
+        so.optimized_model_filepath, so.log_severity_level = f"{tmp}/opt.onnx", 3
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        opt = onnx.load(f"{tmp}/opt.onnx")
+    (conv,) = [n for n in opt.graph.node if n.op_type == "Conv"]
+    if [n.op_type for n in opt.graph.node] != ["ReorderInput", "Conv", "ReorderOutput"]:
+        raise RuntimeError(f"onnxruntime did not make an NCHWc conv: {[n.op_type for n in opt.graph.node]}")
+    conv.input[0], conv.output[0] = opt.graph.input[0].name, opt.graph.output[0].name
+    opt.graph.ClearField("node")
+    opt.graph.node.append(conv)
+    so = ort_options(threads)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(opt.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    n, c, h, wd = x.shape
+    blocked = np.ascontiguousarray(x.reshape(n, c // 16, 16, h, wd).transpose(0, 1, 3, 4, 2)).reshape(x.shape)
+    feed = {opt.graph.input[0].name: blocked}
+    return lambda: sess.run(None, feed)[0].reshape(n, c // 16, h, wd, 16)
 
 
 SETTLE_S = 0.12  # OpenBLAS workers spin ~2^28 cycles after a call; let them sleep before timing the next system

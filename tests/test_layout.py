@@ -107,11 +107,12 @@ def test_a_conv_read_only_as_nchw_stays_nchw():
 
 
 def test_a_blocked_value_also_read_as_nchw_is_converted_once():
-    # conv1 feeds conv2 (blocked) and a Transpose and the graph output (NCHW): one NCHWcToNCHW serves both
+    # conv1 feeds conv2 (blocked) and a Transpose and the graph output (NCHW): one NCHWcToNCHW serves both (conv2
+    # is 1x1: a 3x3 one would be a WinogradConv, whose result is always blocked and converted for the Add)
     rng, inits = np.random.default_rng(3), {}
     nodes = [
         _conv("c1", "x", "c1", 3, B, rng, inits),
-        _conv("c2", "c1", "c2", B, B, rng, inits),
+        _conv("c2", "c1", "c2", B, B, rng, inits, k=1),
         helper.make_node("Transpose", ["c1"], ["t"], perm=[0, 1, 3, 2]),
         helper.make_node("Add", ["t", "c2"], ["y"]),
     ]

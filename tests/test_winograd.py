@@ -190,3 +190,21 @@ def test_a_network_with_winograd_convs_matches_onnxruntime():
     got = run_in_process(load(model), {"x": x})["y"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert _max_rel(got, want) < 1e-5
+
+
+def test_a_winograd_result_read_as_nchw_is_converted_by_a_task_of_its_own():
+    rng, inits = np.random.default_rng(4), {}
+    graph = helper.make_graph(
+        [_conv_node("c", "x", "y", inits, rng, B, B)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, B, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, B, 16, 16])],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g = optimize(load(model))
+    assert [n.op for n in g.nodes] == ["WinogradConv", "NCHWcToNCHW"]
+    assert [[n.op for n in grp.nodes] for grp in fuse(g)] == [["WinogradConv"], ["NCHWcToNCHW"]]
+    x = rng.standard_normal((1, B, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert _max_rel(run_in_process(load(model), {"x": x})["y"], want) < 1e-5

@@ -25,7 +25,7 @@ import numpy as np
 from compiler import te
 from compiler.errors import InvalidExpr
 from compiler.ops.checks import FLOATS, NCHWC, _dims, _dtype_in, _input, _padding, _rank, _same_dtype
-from compiler.ops.nn import Ins, bias_add_nchw, bias_add_nchwc, nchwc_to_nchw, pad
+from compiler.ops.nn import Ins, bias_add_nchw, bias_add_nchwc, pad
 
 KERNEL = 3
 _POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2), Fraction(-1, 2))
@@ -112,9 +112,17 @@ def conv2d_winograd(
     nH, nW = -(-OH // m), -(-OW // m)
     P = N * nH * nW
     # zeros around the image, and past its end up to the last whole tile
-    lanes = (0,) * (data.ndim - 4)
-    after = (0, 0, nH * m + 2 - H - pt, nW * m + 2 - W - pl, *lanes)
-    src = pad(data, (0, 0, pt, pl, *lanes), after, name=f"{name}_pad")
+    Hp, Wp = nH * m + 2, nW * m + 2
+    if data.ndim == 5:
+        src = pad(data, (0, 0, pt, pl, 0), (0, 0, Hp - H - pt, Wp - W - pl, 0), name=f"{name}_pad")
+    else:
+        # NCHW data is padded into channel blocks on the way (onnxruntime's ReorderInput, merged with the padding):
+        # the pack then reads cb channels of a pixel as one vector, where NCHW would scatter them H x W apart
+        def padded_blocks(n, co, y, x, ci):
+            inside = (y >= pt) & (y < pt + H) & (x >= pl) & (x < pl + W)
+            return te.select(inside, data[n, co * cb + ci, y - pt, x - pl], te.const(0.0, data.dtype))
+
+        src = te.compute((N, Cb, Hp, Wp, cb), padded_blocks, name=f"{name}_pad", tag="injective")
 
     def tile(p):
         return p // (nH * nW), (p // nW) % nH, p % nW
@@ -124,8 +132,7 @@ def conv2d_winograd(
     def pack(e, u, p, co, ci):
         n, th, tw = tile(p)
         y, x = th * m + ra, tw * m + rb
-        d = src[n, co, y, x, ci] if data.ndim == 5 else src[n, co * cb + ci, y, x]
-        return te.sum(d * BT[e, ra] * BT[u, rb], axis=[ra, rb])
+        return te.sum(src[n, co, y, x, ci] * BT[e, ra] * BT[u, rb], axis=[ra, rb])
 
     V = te.compute((a, a, P, Cb, cb), pack, name=f"{name}_pack", tag="winograd_pack")
     rc = te.reduce_axis(C, "rc")
@@ -142,13 +149,24 @@ def conv2d_winograd(
         name=f"{name}_inverse",
         tag="winograd_inverse",
     )
-    out = te.compute(
-        (N, Fb, OH, OW, b),
-        lambda n, fo, y, x, fi: inverse[y % m, x % m, (n * nH + y // m) * nW + x // m, fo, fi],
-        name=name if out_blocked else f"{name}_blocked",
+    def tile_of(n, y, x):
+        return (n * nH + y // m) * nW + x // m
+
+    if out_blocked:
+        return te.compute(
+            (N, Fb, OH, OW, b),
+            lambda n, fo, y, x, fi: inverse[y % m, x % m, tile_of(n, y, x), fo, fi],
+            name=name,
+            tag="injective",
+        )
+    # one gather straight into NCHW: a blocked result copied to NCHW after it would be a second injective stage,
+    # and computing the first inside the second's loops recomputed it for every channel
+    return te.compute(
+        (N, Fb * b, OH, OW),
+        lambda n, f, y, x: inverse[y % m, x % m, tile_of(n, y, x), f // b, f % b],
+        name=name,
         tag="injective",
     )
-    return out if out_blocked else nchwc_to_nchw(out, name=name)
 
 
 def winograd_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
