@@ -10,7 +10,6 @@ libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,14 +74,6 @@ def _int_const(v: ir.Value) -> int | None:
 def _bool_const(v: ir.Value) -> bool | None:
     if isinstance(v, ir.Constant) and v.type == ir.IntType(1) and isinstance(v.constant, int):
         return bool(v.constant)
-    return None
-
-
-def _float_const(v: ir.Value) -> tuple[float, bool] | None:
-    """A scalar float constant's value and sign bit (so -0.0 and +0.0 are told apart)."""
-    if isinstance(v, ir.Constant) and isinstance(v.type, (ir.FloatType, ir.DoubleType)):
-        if isinstance(v.constant, float):
-            return v.constant, math.copysign(1.0, v.constant) < 0
     return None
 
 
@@ -637,16 +628,6 @@ class _FnEmitter:
 
     def float_arith(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
         bld = self.b
-        # exact IEEE identities, so a term a constant matrix zeroes (see compiler.ops.winograd) costs nothing:
-        # x + -0.0 is x for every x (+0.0 is not: -0.0 + +0.0 is +0.0), and x * 1.0 is x
-        if op == "add" and _float_const(b) == (-0.0, True):
-            return a
-        if op == "add" and _float_const(a) == (-0.0, True):
-            return b
-        if op == "mul" and _float_const(b) == (1.0, False):
-            return a
-        if op == "mul" and _float_const(a) == (1.0, False):
-            return b
         if op == "add":
             return bld.fadd(a, b, flags=_CONTRACT)
         if op == "sub":

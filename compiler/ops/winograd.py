@@ -12,8 +12,8 @@ by the `winograd_convs` pass); what runs is three stages, the shape TVM's auto-s
 
 The transform matrices are small constant inputs (B^T and A^T, read from L1), so the code stays small whatever
 the scheduler unrolls; TVM writes them into the expression as select chains instead, which once unrolled fold into
-constants, but here made candidates take up to 15 s to compile. They come from the Cook-Toom construction over the
-points 0, 1, -1, 2, -2, ... and infinity, in exact rational arithmetic.
+constants, but here made candidates take up to 10 s to compile (some past the 15 s build timeout). They come from
+the Cook-Toom construction over the points 0, 1, -1, 2, -2, ... and infinity, in exact rational arithmetic.
 """
 
 from __future__ import annotations
