@@ -100,13 +100,18 @@ def winograd_conv(c: int, hw: int) -> Workload:
     f32 = np.float32
 
     def to_kernel(arr):
-        x = arr[0].reshape(1, c // b, b, hw, hw).transpose(0, 1, 3, 4, 2)
-        return [np.ascontiguousarray(x), winograd_weight(arr[1], m, b), mat_bt.astype(f32), mat_at.astype(f32)]
+        return [to_nchwc(arr[0]), winograd_weight(arr[1], m, b), mat_bt.astype(f32), mat_at.astype(f32)]
 
     flop = 2 * c * c * 9 * hw * hw  # the direct conv's count, as GFLOP/s figures for Winograd convs are quoted
     return Workload(
         f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight, bt, at], out, None, _conv_node, shapes, to_kernel, flop, nchwc=True
     )
+
+
+def to_nchwc(x: np.ndarray) -> np.ndarray:
+    """An N x C x H x W array laid out N x C/16 x H x W x 16 (the blocked activations of a model's convs)."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // CONV_BLOCK, CONV_BLOCK, h, w).transpose(0, 1, 3, 4, 2))
 
 
 def _direct(w: Workload) -> Workload:
@@ -193,10 +198,9 @@ def _nchwc_node(model, x: np.ndarray, threads: int):
     so = ort_options(threads)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(opt.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    n, c, h, wd = x.shape
-    blocked = np.ascontiguousarray(x.reshape(n, c // 16, 16, h, wd).transpose(0, 1, 3, 4, 2)).reshape(x.shape)
-    feed = {opt.graph.input[0].name: blocked}
-    return lambda: sess.run(None, feed)[0].reshape(n, c // 16, h, wd, 16)
+    blocked = to_nchwc(x)
+    feed = {opt.graph.input[0].name: blocked.reshape(x.shape)}  # onnxruntime keeps NCHWc data in a 4-D shape
+    return lambda: sess.run(None, feed)[0].reshape(blocked.shape)
 
 
 SETTLE_S = 0.12  # OpenBLAS workers spin ~2^28 cycles after a call; let them sleep before timing the next system
@@ -248,10 +252,8 @@ def fair_openblas_env() -> dict[str, str]:
 
     archs = {i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"}
     host = Target.host()
-    if (
-        archs
-        and not archs & set(AVX512_OPENBLAS_CORES)
-        and all(host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
+    if archs and not archs & set(AVX512_OPENBLAS_CORES) and all(
+        host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")
     ):
         return {"OPENBLAS_CORETYPE": "SkylakeX"}
     return {}

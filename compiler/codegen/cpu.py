@@ -618,7 +618,7 @@ class _FnEmitter:
 
     def compare(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
         ca, cb = _int_const(a), _int_const(b)
-        if ca is not None and cb is not None and not dtypes.is_float(dt):  # unrolled indices (a Winograd matrix entry)
+        if ca is not None and cb is not None and not dtypes.is_float(dt):  # unrolled indices (a pad's bounds test)
             return ir.Constant(ir.IntType(1), int(_COMPARE[op](ca, cb)))
         sym = _FCMP[op]
         if dtypes.is_float(dt):  # numpy: comparisons with NaN are false, except !=

@@ -8,7 +8,8 @@ by the `winograd_convs` pass); what runs is three stages, the shape TVM's auto-s
 - `bgemm`: M[e, u, p, fo, fi] = sum_c V[e, u, p, c] U[e, u, fo, c, fi], (m + 2)^2 independent matrix products with
   the output channels' lanes innermost, as the blocked direct conv has them;
 - `inverse`: Y[vh, vw, p, fo, fi] = sum_{sa, sb} A^T[vh, sa] A^T[vw, sb] M[sa, sb, p, fo, fi], then the output is
-  gathered tile by tile into N x F/b x OH x OW x b (and copied back to NCHW when the result is not kept blocked).
+  gathered tile by tile into N x F/b x OH x OW x b (or straight into N x F x OH x OW when not `out_blocked`; the
+  graph always keeps a WinogradConv's result blocked, see compiler.layout).
 
 The transform matrices are small constant inputs (B^T and A^T, read from L1), so the code stays small whatever
 the scheduler unrolls; TVM writes them into the expression as select chains instead, which once unrolled fold into
@@ -149,6 +150,7 @@ def conv2d_winograd(
         name=f"{name}_inverse",
         tag="winograd_inverse",
     )
+
     def tile_of(n, y, x):
         return (n * nH + y // m) * nW + x // m
 
