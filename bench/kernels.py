@@ -108,10 +108,10 @@ def winograd_conv(c: int, hw: int) -> Workload:
     )
 
 
-def to_nchwc(x: np.ndarray) -> np.ndarray:
-    """An N x C x H x W array laid out N x C/16 x H x W x 16 (the blocked activations of a model's convs)."""
+def to_nchwc(x: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """An N x C x H x W array laid out N x C/b x H x W x b (the blocked activations of a model's convs: b = 16)."""
     n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // CONV_BLOCK, CONV_BLOCK, h, w).transpose(0, 1, 3, 4, 2))
+    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
 def _direct(w: Workload) -> Workload:
@@ -144,7 +144,8 @@ def ort_options(threads: int):
 
 
 def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
-    """An onnxruntime session computing the workload; weights (for conv) are initializers, as in a real model."""
+    """An onnxruntime session computing the workload; weights (for conv) are initializers, as in a real model.
+    Returns (run, result): `run` is what is timed, `result` runs it and gives the output as the kernel lays it out."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -171,14 +172,16 @@ def onnx_session(w: Workload, arrays: list[np.ndarray], threads: int):
         return _nchwc_node(model, arrays[0], threads)
     sess = ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
     feed = {n: arrays[names.index(n)] for n in feeds}
-    return lambda: sess.run(None, feed)[0]
+    run = lambda: sess.run(None, feed)[0]  # noqa: E731
+    return run, run
 
 
 def _nchwc_node(model, x: np.ndarray, threads: int):
     """onnxruntime's own NCHWc conv node for a one-Conv model, run alone: its graph optimizer rewrites the model to
     ReorderInput -> NCHWc Conv -> ReorderOutput (weights reordered at load); the reorders are dropped, so the node
-    takes and returns NCHWc data, as it does between two convs of a model. Returns a function giving the output in
-    NCHWc order (N x C/16 x H x W x 16)."""
+    takes and returns NCHWc data, as it does between two convs of a model. Its channel block is MLAS's (16 with
+    AVX-512, 8 with AVX2), found by running the ReorderInput alone. Returns (run, result): `run` calls the node,
+    `result` gives its output in the kernel's NCHWc order (N x C/16 x H x W x 16)."""
     import tempfile
 
     import onnx
@@ -189,18 +192,38 @@ def _nchwc_node(model, x: np.ndarray, threads: int):
         so.optimized_model_filepath, so.log_severity_level = f"{tmp}/opt.onnx", 3
         ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         opt = onnx.load(f"{tmp}/opt.onnx")
-    (conv,) = [n for n in opt.graph.node if n.op_type == "Conv"]
     if [n.op_type for n in opt.graph.node] != ["ReorderInput", "Conv", "ReorderOutput"]:
         raise RuntimeError(f"onnxruntime did not make an NCHWc conv: {[n.op_type for n in opt.graph.node]}")
-    conv.input[0], conv.output[0] = opt.graph.input[0].name, opt.graph.output[0].name
-    opt.graph.ClearField("node")
-    opt.graph.node.append(conv)
-    so = ort_options(threads)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(opt.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    blocked = to_nchwc(x)
-    feed = {opt.graph.input[0].name: blocked.reshape(x.shape)}  # onnxruntime keeps NCHWc data in a 4-D shape
-    return lambda: sess.run(None, feed)[0].reshape(blocked.shape)
+
+    def session(k: int):
+        """Node k of the optimized model alone, from the model's input to its output."""
+        g = onnx.ModelProto()
+        g.CopyFrom(opt)
+        node = onnx.NodeProto()
+        node.CopyFrom(g.graph.node[k])
+        node.input[0], node.output[0] = g.graph.input[0].name, g.graph.output[0].name
+        g.graph.ClearField("node")
+        g.graph.node.append(node)
+        so = ort_options(threads)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return lambda feed: sess.run(None, {g.graph.input[0].name: feed})[0]
+
+    reordered = session(0)(x).ravel()
+    block = next((b for b in (16, 8, 4) if np.array_equal(reordered, to_nchwc(x, b).ravel())), None)
+    if block is None:
+        raise RuntimeError("onnxruntime's ReorderInput is not an NCHWc blocking with 4, 8 or 16 channels")
+    run_conv = session(1)
+    feed = to_nchwc(x, block).reshape(x.shape)  # onnxruntime keeps NCHWc data in a 4-D shape
+    n, c, h, w = x.shape
+
+    def result() -> np.ndarray:
+        y = run_conv(feed)
+        f = y.shape[1]
+        nchw = y.reshape(n, f // block, h, w, block).transpose(0, 1, 4, 2, 3).reshape(y.shape)
+        return to_nchwc(nchw)
+
+    return lambda: run_conv(feed), result
 
 
 SETTLE_S = 0.12  # OpenBLAS workers spin ~2^28 cycles after a call; let them sleep before timing the next system
@@ -274,8 +297,8 @@ def run_workload(w: Workload, threads: list[int], repeat: int, rows: list[dict])
     reference = None
     for t in threads:
         os.environ["TILEFARM_NUM_THREADS"] = str(t)
-        ort_fn = onnx_session(w, arrays, t)
-        reference = ort_fn()
+        ort_fn, ort_result = onnx_session(w, arrays, t)
+        reference = ort_result()
         for label, k in kernels.items():
             out[...] = 0
             k(*arrays, out)

@@ -46,9 +46,9 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
     ref_arrays, arrays = w.arrays()
     out = aligned(np.zeros(w.output.shape, np.float32))
-    ort_fn = onnx_session(w, ref_arrays, threads)
+    ort_fn, ort_result = onnx_session(w, ref_arrays, threads)
     kernel(*arrays, out)
-    ref = ort_fn()
+    ref = ort_result()
     # relative to the largest result: a sum's rounding error scales with its terms (Winograd's transforms add some)
     rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
     if not rel < MAX_REL_DIFF:

@@ -43,9 +43,16 @@ def _kernel_name(task: Task) -> str:
 
 
 def _entry_source(
-    graph: Graph, calls: list[Call], params: dict[int, int], offsets: dict[int, int], workspace: int
+    graph: Graph,
+    calls: list[Call],
+    params: dict[int, int],
+    offsets: dict[int, int],
+    workspace: int,
+    scratch: dict[str, int],
+    scratch_at: int,
 ) -> str:
-    """C for the AOT entry point: every kernel call in order, with pointers into inputs/outputs/params/workspace."""
+    """C for the AOT entry point: every kernel call in order, with pointers into inputs/outputs/params/workspace
+    (and, for a kernel that takes one, its scratch buffer: the workspace from `scratch_at` on, shared by all)."""
     inputs = {id(v): i for i, v in enumerate(graph.inputs)}
     outputs = {id(v): i for i, v in enumerate(graph.outputs)}
 
@@ -58,7 +65,7 @@ def _entry_source(
             return f"(void*)(tilefarm_params + {params[id(v)]})"
         return f"(void*)(ws + {offsets[id(v)]})"
 
-    kernels = sorted({_kernel_name(c.task): len(c.args) for c in calls}.items())
+    kernels = sorted({_kernel_name(c.task): len(c.args) + bool(scratch[_kernel_name(c.task)]) for c in calls}.items())
     lines = [
         "#include <stddef.h>",
         "#include <stdint.h>",
@@ -73,7 +80,9 @@ def _entry_source(
         "    (void)ws; (void)inputs;",
     ]
     for c in calls:
-        lines.append(f"    {_kernel_name(c.task)}({', '.join(ptr(v) for v in c.args)});")
+        name = _kernel_name(c.task)
+        args = [ptr(v) for v in c.args] + ([f"(void*)(ws + {scratch_at})"] if scratch[name] else [])
+        lines.append(f"    {name}({', '.join(args)});")
     written = {id(v) for c in calls for v in c.args[len(c.task.dag.inputs) :]}
     for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
         if id(v) not in written and (id(v) in inputs or id(v) in params):
@@ -202,7 +211,10 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
         blob.write(np.ascontiguousarray(v.const, dtype=v.dtype).tobytes())
     keep = {id(v) for v in optimized.inputs} | {id(v) for v in optimized.outputs} | set(params)
     groups = [Group([], list(c.args[: len(c.task.dag.inputs)]), list(c.args[len(c.task.dag.inputs) :])) for c in calls]
-    offsets, workspace = plan_memory(groups, keep)
+    offsets, planned = plan_memory(groups, keep)
+    # kernels run one after another, so one scratch region past the planned values serves them all
+    scratch = {f.name: codegen.plan_scratch(f).nbytes for f in funcs}
+    workspace = planned + max(scratch.values(), default=0)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "params.bin").write_bytes(blob.getvalue() or b"\0")
@@ -210,7 +222,7 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
             '.section .rodata\n.balign 64\n.globl tilefarm_params\ntilefarm_params:\n.incbin "params.bin"\n'
             '.section .note.GNU-stack,"",@progbits\n'
         )
-        (tmp / "entry.c").write_text(_entry_source(optimized, calls, params, offsets, workspace))
+        (tmp / "entry.c").write_text(_entry_source(optimized, calls, params, offsets, workspace, scratch, planned))
         cwd = os.getcwd()
         os.chdir(tmp)  # .incbin resolves params.bin relative to the assembler's working directory
         try:
@@ -246,7 +258,8 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
                 {
                     "kernel": _kernel_name(c.task),
                     "task": c.task.key,
-                    "args": [_where(v, optimized, params, offsets) for v in c.args],
+                    "args": [_where(v, optimized, params, offsets) for v in c.args]
+                    + ([["workspace", planned]] if scratch[_kernel_name(c.task)] else []),
                 }
                 for c in calls
             ],

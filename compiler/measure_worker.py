@@ -97,7 +97,8 @@ def _fill_garbage(outs: list[np.ndarray]) -> None:
 
 
 class _Kernel:
-    """The `kernel` symbol of a candidate library, called on raw pointers; unloaded on close."""
+    """The `kernel` symbol of a candidate library, called on raw pointers (`call`, with its scratch buffer appended
+    when it takes one, as an artifact gives it part of the workspace); unloaded on close."""
 
     def __init__(self, path: str, nargs: int, threads: int):
         self.lib = ctypes.CDLL(path)
@@ -107,7 +108,14 @@ class _Kernel:
         except (AttributeError, ValueError) as e:
             self.close()
             raise OSError(f"{path} is not a tilefarm kernel library: {e}") from None
-        self.fn.restype, self.fn.argtypes = None, [ctypes.c_void_p] * nargs
+        try:  # codegen.scratch_bytes_symbol("kernel"); a library written by hand may take none
+            scratch = ctypes.c_int64.in_dll(self.lib, "kernel_scratch_bytes").value
+        except ValueError:
+            scratch = 0
+        self.scratch = aligned_empty((scratch,), np.uint8) if scratch else None
+        extra = [self.scratch.ctypes.data] if scratch else []
+        self.fn.restype, self.fn.argtypes = None, [ctypes.c_void_p] * (nargs + len(extra))
+        self.call = (lambda *ptrs: self.fn(*ptrs, *extra)) if extra else self.fn
 
     def close(self) -> None:
         # thousands of candidates pass through one process: unload each (libgomp itself stays loaded)
@@ -160,7 +168,7 @@ def measure(req: dict) -> dict:
     try:
         # the check call doubles as the warm-up call
         _fill_garbage(task.outputs)
-        k.fn(*ptrs)
+        k.call(*ptrs)
         if req["check"]:
             why = _mismatch(task, req["rtol"], req["atol"])
             if why:
@@ -172,13 +180,13 @@ def measure(req: dict) -> dict:
         # it has run OVERSHOOT x min_repeat_ms, and the calls it made become `number`.
         limit = OVERSHOOT * min_s if min_s > 0 else math.inf
         for _ in range(req["repeat"]):
-            seconds, calls = _time(k.fn, ptrs, number, before, limit)
+            seconds, calls = _time(k.call, ptrs, number, before, limit)
             while seconds < min_s:
                 # aim straight at min_repeat_ms from this estimate, but grow by at least the golden ratio
                 per_call = seconds / calls
                 want = math.ceil(min_s / per_call) + 1 if per_call > 0 else number * 10
                 number = max(want, math.ceil(number * GOLDEN))
-                seconds, calls = _time(k.fn, ptrs, number, before, limit)
+                seconds, calls = _time(k.call, ptrs, number, before, limit)
             number = calls
             costs.append(seconds / calls)
         return {"ok": True, "costs": costs, "number": number}
@@ -227,7 +235,7 @@ def reference(req: dict) -> dict:
     k = _Kernel(req["lib"], len(task.inputs) + len(task.outputs), req["threads"])
     try:
         _fill_garbage(task.outputs)
-        k.fn(*task.pointers())
+        k.call(*task.pointers())
     finally:
         k.close()
     for i, o in enumerate(task.outputs):

@@ -408,6 +408,58 @@ def test_allocate_small_and_large(size):
     np.testing.assert_array_equal(b, (a * 2)[::-1])
 
 
+def scratch_kernel(name="scr") -> Func:
+    """Two big intermediates one after the other (the second nests a third), a small one on the stack, and a big
+    one inside a parallel loop (per thread chunk, on the heap)."""
+    n, rows = 20_000, 4
+    A, B = Buffer("A", "float32", (n,)), Buffer("B", "float32", (n,))
+    t1, t2, t3 = (Buffer(f"t{q}", "float32", (n,)) for q in (1, 2, 3))
+    small, per_row = Buffer("small", "float32", (8,)), Buffer("per_row", "float32", (n,))
+    body = seq(
+        Allocate(t1, seq(
+            For(i, n, "vectorized", Store("t1", i, ld(A, i) + Const(1.0, "float32"))),
+            For(i, n, "serial", Store("B", i, ld(t1, c(n - 1) - i))))),
+        Allocate(t2, Allocate(t3, Allocate(small, seq(
+            For(i, n, "vectorized", Store("t2", i, ld(B, i) * Const(2.0, "float32"))),
+            For(i, n, "vectorized", Store("t3", i, ld(t2, i) + ld(A, i))),
+            For(i, 8, "serial", Store("small", i, Const(0.5, "float32"))),
+            For(i, n, "serial", Store("B", i, ld(t3, i) + ld(small, i % c(8)))))))),
+        For(j, rows, "parallel", Allocate(per_row, seq(
+            For(i, n // rows, "vectorized", Store("per_row", i, ld(B, j * c(n // rows) + i))),
+            For(i, n // rows, "vectorized",
+                Store("B", j * c(n // rows) + i, ld(per_row, i) - ld(A, j * c(n // rows) + i)))))),
+    )
+    return Func(name, (A, B), body)
+
+
+def test_big_intermediates_outside_parallel_loops_share_one_scratch_buffer():
+    f = scratch_kernel()
+    plan = codegen.plan_scratch(f)
+    t1, rest = f.body.stmts[0], f.body.stmts[1]
+    t2, t3 = rest, rest.body
+    # t1 and t2 are siblings (the same bytes); t3 nests above t2; the small and per-thread buffers are elsewhere
+    assert sorted(plan.offsets.values()) == [0, 0, 80_000] and plan.offsets[id(t1)] == plan.offsets[id(t2)] == 0
+    assert plan.offsets[id(t3)] == 80_000 and plan.nbytes == 160_000
+    a = data("float32", 20_000)
+    want = ((a + 1)[::-1] * 2 + a + 0.5) - a
+    k = codegen.compile_funcs([f])["scr"]
+    for _ in range(2):  # the scratch buffer is reused from call to call
+        b = np.zeros(20_000, np.float32)
+        k(a, b)
+        np.testing.assert_allclose(b, want, rtol=1e-6)
+
+
+def test_scratch_is_the_last_argument_of_a_shared_library_kernel(tmp_path):
+    lib = ctypes.CDLL(str(codegen.emit_shared_library([scratch_kernel(), parallel_kernel()], tmp_path / "libs.so")))
+    assert ctypes.c_int64.in_dll(lib, "scr_scratch_bytes").value == 160_000
+    assert ctypes.c_int64.in_dll(lib, "par_scratch_bytes").value == 0  # its buffers are on the stack: no argument
+    a, b = data("float32", 20_000), np.zeros(20_000, np.float32)
+    scratch = np.empty(160_000 + 64, np.uint8)
+    ptr = scratch.ctypes.data + -scratch.ctypes.data % 64
+    lib.scr(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b)), ctypes.c_void_p(ptr))
+    np.testing.assert_allclose(b, ((a + 1)[::-1] * 2 + a + 0.5) - a, rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- parallel
 
 

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler import te
 from compiler.annotate import materialize, sample
-from compiler.build import run_in_process
+from compiler.build import build, run_in_process
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.errors import InvalidExpr
@@ -20,6 +20,7 @@ from compiler.onnx_frontend import load
 from compiler.ops.kernels import reference_conv2d
 from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
 from compiler.passes import CONV_BLOCK, WINOGRAD_MIN_TILES, fuse, optimize, winograd_tiles
+from compiler.runtime import Artifact
 from compiler.sketch import generate_sketches
 from compiler.state import initial_state
 from compiler.target import Target
@@ -190,6 +191,23 @@ def test_a_network_with_winograd_convs_matches_onnxruntime():
     got = run_in_process(load(model), {"x": x})["y"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert _max_rel(got, want) < 1e-5
+
+
+def test_an_artifact_gives_its_winograd_kernels_scratch_in_the_workspace(tmp_path):
+    rng = np.random.default_rng(3)
+    model = residual_block(rng, hw=18)
+    x = rng.standard_normal((1, B, 18, 18)).astype(np.float32)
+    build(load(model), tmp_path / "m.tar", name="m")
+    art = Artifact.load(tmp_path / "m.tar")
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(2):  # the workspace, scratch included, is reused between runs
+        assert _max_rel(art.run({"x": x})["y"], want) < 1e-5
+    # every Winograd kernel takes one more pointer than it has buffers: the scratch region, past the planned values
+    calls = {c["kernel"]: c["args"] for c in art.meta["calls"]}
+    scratch = {args[-1][1] for k, args in calls.items() if "winogradconv" in k}
+    assert len(scratch) == 1 and 0 < scratch.pop() < art.meta["workspace_bytes"]
+    assert all(len(args) == 4 for k, args in calls.items() if "blockedconv" in k)  # X, W, bias, Y: no scratch
+    assert len(art.profile({"x": x}, repeat=2)) == len(art.meta["calls"])
 
 
 def test_a_winograd_result_read_as_nchw_is_converted_by_a_task_of_its_own():

@@ -23,12 +23,16 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from compiler import dtypes
-from compiler.codegen.cpu import NUM_THREADS_GLOBAL, generate
+from compiler.codegen.cpu import NUM_THREADS_GLOBAL, generate, scratch_bytes_symbol
+from compiler.codegen.memory import SCRATCH_ALIGN, plan_scratch
 from compiler.errors import BuildError
 from compiler.loopir import Buffer, Func, print_func
 from compiler.target import Target
 
-__all__ = ["Kernel", "Kernels", "assembly", "compile_funcs", "emit_shared_library", "llvm_ir"]
+__all__ = [
+    "Kernel", "Kernels", "assembly", "compile_funcs", "emit_shared_library", "llvm_ir", "plan_scratch",
+    "scratch_bytes_symbol",
+]
 
 DUMP_STAGES = ("loopir", "llvm", "asm")
 
@@ -119,10 +123,15 @@ def _build(funcs, target: Target | None, pic: bool) -> tuple[list[Func], llvm.Mo
 class Kernel:
     """One JIT-compiled kernel; call it with numpy arrays matching its params, in order."""
 
-    def __init__(self, func: Func, address: int, owner: Kernels):
+    def __init__(self, func: Func, address: int, owner: Kernels, scratch_bytes: int):
         self.func = func
         self._owner = owner  # keeps the execution engine (and so the machine code) alive
-        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(func.params))(address)
+        # the kernel's scratch buffer (codegen.memory), allocated once, so that calls do not fault in fresh pages
+        self._scratch_buf = np.empty(scratch_bytes + SCRATCH_ALIGN, np.uint8) if scratch_bytes else None
+        base = self._scratch_buf.ctypes.data if self._scratch_buf is not None else 0
+        self._scratch = [base + -base % SCRATCH_ALIGN] if scratch_bytes else []
+        nargs = len(func.params) + len(self._scratch)
+        self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * nargs)(address)
         self._expect = [(p, dtypes.numpy(p.dtype), tuple(p.shape)) for p in func.params]
 
     def __call__(self, *arrays: np.ndarray) -> None:
@@ -137,7 +146,7 @@ class Kernel:
                 raise _bad_arg(self.func.name, param, a)
             ptrs.append(a.__array_interface__["data"][0])
         self._owner._set_threads()
-        self._cfunc(*ptrs)
+        self._cfunc(*ptrs, *self._scratch)
 
     def __repr__(self):
         return f"Kernel({self.func.name})"
@@ -160,7 +169,13 @@ class Kernels(Mapping[str, Kernel]):
     def __init__(self, funcs: list[Func], engine: llvm.ExecutionEngine, compile_seconds: float):
         self._engine = engine
         self._threads = ctypes.c_int32.from_address(engine.get_global_value_address(NUM_THREADS_GLOBAL))
-        self._kernels = {f.name: Kernel(f, engine.get_function_address(f.name), self) for f in funcs}
+
+        def scratch_bytes(kernel: str) -> int:
+            return ctypes.c_int64.from_address(engine.get_global_value_address(scratch_bytes_symbol(kernel))).value
+
+        self._kernels = {
+            f.name: Kernel(f, engine.get_function_address(f.name), self, scratch_bytes(f.name)) for f in funcs
+        }
         self.compile_seconds = compile_seconds
 
     def _set_threads(self) -> None:

@@ -1,7 +1,9 @@
 """Loop IR → LLVM IR text for the CPU (llvmlite.ir).
 
 Each `Func` becomes `void name(T* noalias p0, T* noalias p1, ...)`, one pointer per param buffer in order
-(bool is stored as one byte). Loop kinds map to: serial → an LLVM loop; unrolled → the body replicated with
+(bool is stored as one byte), then, when its big intermediates need one, a pointer to a 64-byte-aligned
+scratch buffer of `i64 name_scratch_bytes` bytes (exported for every kernel, 0 when it takes none; see
+codegen.memory). Loop kinds map to: serial → an LLVM loop; unrolled → the body replicated with
 the variable replaced by a constant; vectorized → the body emitted once over `<n x T>` lanes (masked where
 an `if` depends on the lane, serial when lanes could interfere); parallel → the body outlined and run by
 libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported global
@@ -18,14 +20,13 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen.lanes import coeff, has_hazard, referenced, uses, vectorizable
+from compiler.codegen.memory import SCRATCH_ALIGN, fits_stack, nbytes, plan_scratch
 from compiler.errors import BuildError
 from compiler.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
 from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a masked span + shuffle
 MAX_LANES = 64  # a longer vectorized loop is strip-mined into chunks of this many lanes (plus one tail chunk)
-STACK_LIMIT = 64 * 1024  # bigger allocations go to the heap: thread stacks are small
-STACK_BUDGET = 512 * 1024  # and so do the ones past this total per function
 NUM_THREADS_GLOBAL = "tilefarm_num_threads"
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -132,13 +133,19 @@ class _ModuleEmitter:
         return self.function(".".join([name, *map(_mangle, overloads)]), ret, args)
 
     def emit(self, f: Func) -> None:
-        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR] * len(f.params)), f.name)
+        plan = plan_scratch(f)
+        size = ir.GlobalVariable(self.module, I64, scratch_bytes_symbol(f.name))
+        size.initializer, size.global_constant = ir.Constant(I64, plan.nbytes), True
+        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR] * (len(f.params) + (plan.nbytes > 0))), f.name)
         fn.attributes.add("nounwind")
-        for arg, buf in zip(fn.args, f.params):
-            arg.name = buf.name
+        for arg, name in zip(fn.args, [*(b.name for b in f.params), "scratch"]):
+            arg.name = name
             arg.add_attribute("noalias")
         em = _FnEmitter(self, fn, f.name, in_parallel=False)
         em.bufs = {buf.name: (arg, buf.dtype) for arg, buf in zip(fn.args, f.params)}
+        if plan.nbytes:
+            fn.args[-1].attributes.align = SCRATCH_ALIGN
+            em.scratch = (fn.args[-1], plan.offsets)
         em.stmt(f.body)
         em.finish()
 
@@ -194,6 +201,7 @@ class _FnEmitter:
         self.lanes: _Lanes | None = None
         self.mask: ir.Value | None = None  # which lanes are active, under a lane-dependent condition
         self.stack_bytes = 0
+        self.scratch: tuple[ir.Value, dict[int, int]] | None = None  # the kernel's scratch pointer, offsets by Allocate
 
     def finish(self) -> None:
         self.b.ret_void()
@@ -348,17 +356,24 @@ class _FnEmitter:
 
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
-        nbytes = buf.size * dtypes.itemsize(buf.dtype)
-        if nbytes <= STACK_LIMIT and self.stack_bytes + nbytes <= STACK_BUDGET:
-            self.stack_bytes += nbytes
+        size = nbytes(s)
+        if self.scratch is not None and id(s) in self.scratch[1]:
+            base, offsets = self.scratch
+            ptr = self.b.gep(base, [ir.Constant(I64, offsets[id(s)])], source_etype=I8)
+            with self.bind(self.bufs, buf.name, (ptr, buf.dtype)):
+                self.stmt(s.body)
+            return
+        if fits_stack(size, self.stack_bytes):
+            self.stack_bytes += size
             ptr = self.allocas.alloca(ir.ArrayType(_memory_type(buf.dtype), buf.size), name=buf.name)
             ptr.align = 64
             ptr.type = PTR  # opaque, like every other buffer pointer, so vector loads/stores type-check
             with self.bind(self.bufs, buf.name, (ptr, buf.dtype)):
                 self.stmt(s.body)
             return
-        size = ir.Constant(I64, -(-nbytes // 64) * 64)  # aligned_alloc wants a multiple of the alignment
-        ptr = self.b.call(self.mod.function("aligned_alloc", PTR, [I64, I64]), [ir.Constant(I64, 64), size])
+        # a big buffer inside a parallel loop: one per thread chunk (aligned_alloc wants a multiple of the alignment)
+        padded = ir.Constant(I64, -(-size // 64) * 64)
+        ptr = self.b.call(self.mod.function("aligned_alloc", PTR, [I64, I64]), [ir.Constant(I64, 64), padded])
         with self.bind(self.bufs, buf.name, (ptr, buf.dtype)):
             self.stmt(s.body)
         self.b.call(self.mod.function("free", VOID, [PTR]), [ptr])
@@ -832,6 +847,11 @@ class _FnEmitter:
         phi.add_incoming(t, tb)
         phi.add_incoming(f, fb)
         return phi
+
+
+def scratch_bytes_symbol(kernel: str) -> str:
+    """The exported i64 constant holding how many scratch bytes `kernel` takes as its last argument (0: none)."""
+    return f"{kernel}_scratch_bytes"
 
 
 def generate(funcs: list[Func], libmvec_bytes: int = 0) -> str:
