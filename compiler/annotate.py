@@ -18,6 +18,7 @@ import numpy as np
 from compiler import te
 from compiler.errors import TilefarmError
 from compiler.lower import infer_bound
+from compiler.matrix_transform import is_matrix_transform
 from compiler.simplify import linear
 from compiler.sketch import Sketch
 from compiler.state import (
@@ -281,7 +282,12 @@ def space(sketch: Sketch) -> Space:
         if len(consumers) == 1:
             options += _attach_points(s, consumers[0])
         locs.append((st.name, tuple(options)))
-    reductions = tuple(st.name for st in s.stages if st.op.reduce_axes and st.compute_at != "inline")
+    # a matrix transform's tile loops are unrolled by its structure already
+    reductions = tuple(
+        st.name
+        for st in s.stages
+        if st.op.reduce_axes and st.compute_at != "inline" and not is_matrix_transform(st.op)
+    )
     return Space(tuple(locs), reductions)
 
 

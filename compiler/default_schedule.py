@@ -12,6 +12,7 @@ import math
 
 from compiler import te
 from compiler.dag import ComputeDAG, at_own_index
+from compiler.matrix_transform import is_matrix_transform, outer_axes, transform_structure
 from compiler.simplify import linear
 from compiler.state import State, initial_state
 from compiler.target import Target
@@ -27,6 +28,12 @@ def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
     s = initial_state(dag)
     s = _inline(s)
     tiled: set[str] = set()
+    transforms = [st.name for st in reversed(s.stages) if is_matrix_transform(st.op)]
+    for name in transforms:  # consumers first: a row transform goes inside its column transform
+        s = transform_structure(s, name)
+    for name in transforms:
+        s = _transform_loops(s, name)
+    tiled |= set(transforms)
     for stage in reversed(s.stages):
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
             continue
@@ -45,6 +52,14 @@ def _registers(target: Target) -> tuple[int, int]:
     10 of AVX2's 16 (the rest keep the loaded and broadcast operands)."""
     lanes = max(1, target.vector_bytes // 4)
     return lanes, 16 if target.vector_bytes >= 64 else 10
+
+
+def _transform_loops(s: State, name: str) -> State:
+    """A structured matrix transform's lanes vectorized and, at root, its outer loops parallel."""
+    s = s.annotate(name, s.stage(name).op.axes[-1].name, "vectorize")
+    if s.stage(name).compute_at != "root":
+        return s
+    return _parallel(s, name, outer_axes(s.stage(name).op))
 
 
 def _inline(s: State) -> State:

@@ -14,6 +14,7 @@ from compiler.annotate import materialize, sample
 from compiler.build import build, run_in_process
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
+from compiler.default_schedule import default_schedule
 from compiler.errors import InvalidExpr
 from compiler.lower import lower
 from compiler.onnx_frontend import load
@@ -80,23 +81,36 @@ def _case(c, f, h, w, m, pads, blocked_in, blocked_out, seed=0):
         (16, 16, 9, 9, 2, (0, 1, 2, 0), True, False),  # uneven padding, F(2x2, 3x3)
     ],
 )
-def test_the_default_schedule_computes_the_conv(c, f, h, w, m, pads, blocked_in, blocked_out):
+def test_the_naive_and_default_schedules_compute_the_conv(c, f, h, w, m, pads, blocked_in, blocked_out):
     dag, args, want = _case(c, f, h, w, m, pads, blocked_in, blocked_out)
-    kernel = compile_funcs([lower(initial_state(dag), "k")])["k"]
-    out = np.zeros(dag.ops[-1].shape, np.float32)
-    kernel(*args, out)
-    assert _max_rel(out, want) < 1e-5
+    default = default_schedule(dag)
+    # the transforms' one structure: the row half inside the column half, the tile loops unrolled, lanes vectorized
+    assert default.stage("conv_pack_rows").attach[0] == "conv_pack"  # at co (p@co where both went parallel)
+    assert default.stage("conv_inverse_rows").attach[0] == "conv_inverse"
+    for name in ("conv_pack_rows", "conv_pack", "conv_inverse_rows", "conv_inverse"):
+        kinds = [it.annotation for it in default.stage(name).iters]
+        assert kinds[-1] == "vectorize" and kinds[-4:-1] == ["unroll"] * 3, (name, kinds)
+    kernels = compile_funcs([lower(initial_state(dag), "naive"), lower(default, "default")])
+    for k in ("naive", "default"):
+        out = np.zeros(dag.ops[-1].shape, np.float32)
+        kernels[k](*args, out)
+        assert _max_rel(out, want) < 1e-5, k
 
 
 def test_random_annotations_compute_the_conv():
-    # 27 sketches: each of the three reductions tiled alone, with a cache write, or fused into its consumer at
-    # either tile level; the first (all cache writes) and the last (all tiled in place) and one between
+    # 3 sketches: the batched GEMM tiled in place, or into a cache stage at either tile level; the four transforms
+    # have one structure each (compiler.matrix_transform), where they gave 27 sketches when tiled like GEMMs
     dag, args, want = _case(16, 16, 8, 8, 4, (1, 1, 1, 1), True, True, seed=3)
     sketches = generate_sketches(dag, Target.host())
-    assert len(sketches) == 27
+    assert len(sketches) == 3
+    for sk in sketches:
+        transforms = sorted(r for r in sk.rules if r.startswith("transform("))
+        assert transforms == [f"transform(conv_{n})" for n in ("inverse", "inverse_rows", "pack", "pack_rows")]
+        assert sk.state.stage("conv_pack_rows").attach == ("conv_pack", "co")
+        assert sk.state.stage("conv_inverse_rows").attach == ("conv_inverse", "fo")
     rng = np.random.default_rng(0)
     lanes = max(1, Target.host().vector_bytes // 4)
-    picked = [sketches[0], sketches[13], sketches[-1]]
+    picked = [sk for sk in sketches for _ in range(2)]
     states = [materialize(sk, sample(sk, rng, 2, lanes=lanes)) for sk in picked]
     kernels = compile_funcs([lower(st, f"k{i}") for i, st in enumerate(states)])
     for i, sk in enumerate(picked):
