@@ -15,9 +15,8 @@ Both the sketch rule (`compiler.sketch.MatrixTransformRule`) and the default sch
 from __future__ import annotations
 
 from compiler.dag import Op
+from compiler.ops.winograd import MATRIX_TRANSFORM
 from compiler.state import State
-
-MATRIX_TRANSFORM = "matrix_transform"
 
 
 def is_matrix_transform(op: Op) -> bool:

@@ -640,3 +640,28 @@ def test_unrolled_indices_fold_a_constant_matrix_entry_into_its_value():
     codegen.compile_funcs([f])["matrix"](a, b)
     np.testing.assert_array_equal(b, a * np.array([1.0, -4.0, 1.0], np.float32))
 
+
+
+def test_an_unrolled_body_computes_each_index_term_once():
+    # B[i * 48 + j * 16 + k] for an unrolled j: the j-free part of the index is emitted once per block, not once per
+    # copy of the body (Winograd transforms unroll hundreds of statements over one index base)
+    A, B = Buffer("A", "float32", (4 * 48,)), Buffer("B", "float32", (4 * 48,))
+    index = i * c(48) + j * c(16) + k
+    body = For(i, 4, "serial", For(j, 3, "unrolled", For(k, 16, "vectorized", Store("B", index, ld(A, index)))))
+    f = Func("copy3", (A, B), body)
+    text = codegen.llvm_ir([f], optimized=False)
+    assert text.count("mul i64") == 1, text
+    a, b = data("float32", 4 * 48), np.zeros(4 * 48, np.float32)
+    codegen.compile_funcs([f])["copy3"](a, b)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_zero_vectors_are_zeroinitializer_and_negative_zero_keeps_its_sign(zero):
+    B = Buffer("B", "float32", (16,))
+    f = Func("z", (B,), For(k, 16, "vectorized", Store("B", k, Const(zero, "float32"))))
+    text = codegen.llvm_ir([f], optimized=False)
+    assert ("store <16 x float> zeroinitializer" in text) == (zero == 0.0 and np.copysign(1, zero) > 0)
+    b = np.ones(16, np.float32)
+    codegen.compile_funcs([f])["z"](b)
+    assert (b == 0).all() and (np.signbit(b) == np.signbit(zero)).all()

@@ -12,6 +12,7 @@ libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,9 +79,30 @@ def _bool_const(v: ir.Value) -> bool | None:
     return None
 
 
+class _ZeroVector(ir.Constant):
+    """A vector of zeros, written `zeroinitializer`: llvmlite spells out every lane (a splat of 16 floats took
+    ~300 bytes of IR text, and unrolled Winograd transforms emit thousands)."""
+
+    def _get_reference(self):
+        return "zeroinitializer"
+
+
+def _zero(t: ir.Type) -> ir.Constant:
+    return _ZeroVector(t, None) if isinstance(t, ir.VectorType) else ir.Constant(t, None)
+
+
+def _is_zero(value) -> bool:
+    """0, False or +0.0 (not -0.0, whose bits differ)."""
+    return value is None or (
+        isinstance(value, (int, float)) and value == 0 and math.copysign(1.0, value) > 0
+    )
+
+
 def _splat_const(like: ir.Value, value) -> ir.Constant:
     """`value` as a constant of `like`'s type (every lane, for a vector)."""
     w = _width(like)
+    if w is not None and _is_zero(value):
+        return _zero(like.type)
     return ir.Constant(like.type, value if w is None else [value] * w)
 
 
@@ -113,6 +135,7 @@ class _ModuleEmitter:
         self.num_threads = nthreads
         self.outlined = 0
         self._no_unroll: ir.MDValue | None = None
+        self._leaves: dict[int, tuple] = {}  # int_leaves by expression id (the entry keeps the expression alive)
 
     def rolled_loop(self) -> ir.MDValue:
         """A fresh loop-ID node (self-referential, so LLVM keeps it distinct) asking for no unrolling."""
@@ -128,6 +151,23 @@ class _ModuleEmitter:
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
         return fn
+
+    def int_leaves(self, e: Expr) -> tuple[str, ...] | None:
+        """The variables of an expression of integer Binary, Var and Const nodes only (None if it has others)."""
+        hit = self._leaves.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        if isinstance(e, Var):
+            out: tuple[str, ...] | None = (e.name,)
+        elif isinstance(e, Const):
+            out = ()
+        elif isinstance(e, Binary) and dtypes.is_int(e.dtype) and dtypes.is_int(e.a.dtype) and dtypes.is_int(e.b.dtype):
+            a, b = self.int_leaves(e.a), self.int_leaves(e.b)
+            out = None if a is None or b is None else tuple(dict.fromkeys(a + b))
+        else:
+            out = None
+        self._leaves[id(e)] = (e, out)
+        return out
 
     def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type], overloads: list[ir.Type]) -> ir.Function:
         return self.function(".".join([name, *map(_mangle, overloads)]), ret, args)
@@ -202,6 +242,7 @@ class _FnEmitter:
         self.mask: ir.Value | None = None  # which lanes are active, under a lane-dependent condition
         self.stack_bytes = 0
         self.scratch: tuple[ir.Value, dict[int, int]] | None = None  # the kernel's scratch pointer, offsets by Allocate
+        self.memo: dict[tuple, tuple] = {}  # index_arith's values
 
     def finish(self) -> None:
         self.b.ret_void()
@@ -476,7 +517,7 @@ class _FnEmitter:
         return self.b.zext(v, self.retype(v, I8)) if dtype == "bool" else v
 
     def from_memory(self, v: ir.Value, dtype: str) -> ir.Value:
-        return self.b.icmp_unsigned("!=", v, ir.Constant(v.type, None)) if dtype == "bool" else v
+        return self.b.icmp_unsigned("!=", v, _zero(v.type)) if dtype == "bool" else v
 
     def load(self, e: Load) -> ir.Value:
         ptr, dtype = self.buffer(e.buffer)
@@ -501,7 +542,7 @@ class _FnEmitter:
         vty = ir.VectorType(elem, lanes.width)
         mask = self.lane_mask()
         fn = self.mod.intrinsic("llvm.masked.gather", vty, [addrs.type, I32, mask.type, vty], [vty, addrs.type])
-        return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, ir.Constant(vty, None)]), dtype)
+        return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, _zero(vty)]), dtype)
 
     def masked_load(self, addr: ir.Value, vty: ir.VectorType, align: int, mask: ir.Value) -> ir.Value:
         """llvm.masked.load, zero in inactive lanes. A lane count that is not a power of two is loaded as the next
@@ -513,12 +554,12 @@ class _FnEmitter:
         wty = ir.VectorType(vty.element, wide_n)
         if wide_n != n:
             pick = ir.Constant(ir.VectorType(I32, wide_n), [*range(n), *[n] * (wide_n - n)])  # lane n: all off
-            mask = self.b.shuffle_vector(mask, ir.Constant(mask.type, None), pick)
+            mask = self.b.shuffle_vector(mask, _zero(mask.type), pick)
         fn = self.mod.intrinsic("llvm.masked.load", wty, [PTR, I32, mask.type, wty], [wty, PTR])
-        v = self.b.call(fn, [addr, ir.Constant(I32, align), mask, ir.Constant(wty, None)])
+        v = self.b.call(fn, [addr, ir.Constant(I32, align), mask, _zero(wty)])
         if wide_n == n:
             return v
-        return self.b.shuffle_vector(v, ir.Constant(wty, None), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        return self.b.shuffle_vector(v, _zero(wty), ir.Constant(ir.VectorType(I32, n), list(range(n))))
 
     def strided_load(self, ptr: ir.Value, elem: ir.Type, align: int, idx: Expr, step: int) -> ir.Value:
         """Lanes that read every `step`-th element (stride-2 convolutions, pooling): one masked load of the
@@ -529,14 +570,14 @@ class _FnEmitter:
         pattern = [j % step == 0 for j in range(width * step)]
         mask: ir.Value = ir.Constant(ir.VectorType(I1, width * step), pattern)
         if self.mask is not None:
-            spread = self.b.shuffle_vector(self.mask, ir.Constant(self.mask.type, None),
+            spread = self.b.shuffle_vector(self.mask, _zero(self.mask.type),
                                            ir.Constant(ir.VectorType(I32, width * step),
                                                        [j // step for j in range(width * step)]))
             mask = self.b.and_(mask, spread)
         addr = self.b.gep(ptr, [self.index_at_start(idx)], source_etype=elem)
         span = self.masked_load(addr, wide, align, mask)
         pick = ir.Constant(ir.VectorType(I32, width), [j * step for j in range(width)])
-        return self.b.shuffle_vector(span, ir.Constant(wide, None), pick)
+        return self.b.shuffle_vector(span, _zero(wide), pick)
 
     # ------------------------------------------------------------------------------------------ expressions
 
@@ -551,7 +592,7 @@ class _FnEmitter:
         if isinstance(e, Load):
             return self.load(e)
         if isinstance(e, Binary):
-            return self.binary(e)
+            return self.index_arith(e) if dtypes.is_int(e.dtype) else self.binary(e)
         if isinstance(e, Unary):
             return self.unary(e.op, self.expr(e.a), e.dtype)
         if isinstance(e, Cast):
@@ -560,11 +601,30 @@ class _FnEmitter:
             return self.select(e)
         raise BuildError(f"kernel {self.kernel}: codegen does not know expression {type(e).__name__} ({e})")
 
+    def index_arith(self, e: Binary) -> ir.Value:
+        """Integer arithmetic on loop variables (an index), emitted once per basic block and variable values: the
+        statements of an unrolled body all compute `p * 64 + co * 16` anew otherwise, which on a Winograd transform
+        was most of the instructions, and of the time to build and compile them."""
+        leaves = self.mod.int_leaves(e)
+        if leaves is None:
+            return self.binary(e)
+        values = tuple(self.env.get(v) for v in leaves)
+        key = (id(e), id(self.b.block), *map(id, values))
+        hit = self.memo.get(key)
+        # the entry keeps its expression and values alive, so their ids are not reused while it exists
+        if hit is not None and hit[0] is e and all(a is b for a, b in zip(hit[1], values)):
+            return hit[2]
+        out = self.binary(e)
+        self.memo[key] = (e, values, out)
+        return out
+
     def const(self, value, dtype: str, width: int | None = None) -> ir.Constant:
         if dtypes.is_float(dtype):
             value = float(value)
         else:
             value = _wrap_int(int(value), dtypes.bits(dtype)) if dtype != "bool" else int(bool(value))
+        if width is not None and _is_zero(value):
+            return _zero(_value_type(dtype, width))
         return ir.Constant(_value_type(dtype, width), value if width is None else [value] * width)
 
     def as_bool(self, e: Expr) -> ir.Value:
@@ -579,9 +639,9 @@ class _FnEmitter:
             return v
         vty = ir.VectorType(v.type, width)
         if isinstance(v, ir.Constant) and not isinstance(v.constant, (list, tuple)):
-            return ir.Constant(vty, [v.constant] * width)
-        one = self.b.insert_element(ir.Constant(vty, None), v, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(I32, width), None))
+            return _zero(vty) if _is_zero(v.constant) else ir.Constant(vty, [v.constant] * width)
+        one = self.b.insert_element(_zero(vty), v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, _zero(vty), _zero(ir.VectorType(I32, width)))
 
     def unify(self, *vals: ir.Value) -> list[ir.Value]:
         """Broadcast uniform operands to the lane count of the vector ones."""
@@ -594,7 +654,7 @@ class _FnEmitter:
             return v
         b, ty = self.b, self.retype(v, _SCALAR[dst])
         if dst == "bool":
-            zero = ir.Constant(v.type, None)
+            zero = _zero(v.type)
             return b.fcmp_unordered("!=", v, zero) if dtypes.is_float(src) else b.icmp_unsigned("!=", v, zero)
         if dtypes.is_float(src) and dtypes.is_float(dst):
             return b.fpext(v, ty) if dtypes.bits(dst) > dtypes.bits(src) else b.fptrunc(v, ty)
@@ -655,7 +715,7 @@ class _FnEmitter:
             return self.math("llvm.floor", bld.fdiv(a, b))
         if op == "mod":  # numpy: the remainder takes the sign of the divisor
             r = bld.frem(a, b)
-            zero = ir.Constant(a.type, None)
+            zero = _zero(a.type)
             fix = bld.and_(bld.fcmp_ordered("!=", r, zero),
                            bld.xor(bld.fcmp_ordered("<", r, zero), bld.fcmp_ordered("<", b, zero)))
             return bld.select(fix, bld.fadd(r, b), r)
@@ -702,7 +762,7 @@ class _FnEmitter:
             return shift(a, _splat_const(a, cb.bit_length() - 1))
         a, b = self.unify(a, b)
         signed = dtypes.is_signed(dt)
-        zero = ir.Constant(a.type, None)
+        zero = _zero(a.type)
         if cb is None:  # divide by 1 instead of 0 or -1, then patch the result
             by_zero = bld.icmp_unsigned("==", b, zero)
             by_minus_one = bld.icmp_signed("==", b, _splat_const(b, -1)) if signed else None
@@ -733,7 +793,7 @@ class _FnEmitter:
         if width is None:
             return scalar_op(*args)
         results = [scalar_op(*(self.b.extract_element(x, ir.Constant(I32, i)) for x in args)) for i in range(width)]
-        out = ir.Constant(ir.VectorType(results[0].type, width), None)
+        out = _zero(ir.VectorType(results[0].type, width))
         for i, r in enumerate(results):
             out = self.b.insert_element(out, r, ir.Constant(I32, i))
         return out
@@ -796,13 +856,13 @@ class _FnEmitter:
         if start == 0 and n == count:
             return v
         mask = [start + i if start + i < count else 0 for i in range(n)]
-        return self.b.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(ir.VectorType(I32, n), mask))
+        return self.b.shuffle_vector(v, _zero(v.type), ir.Constant(ir.VectorType(I32, n), mask))
 
     def concat(self, chunks: list[ir.Value], width: int) -> ir.Value:
         """The first `width` lanes of the chunks laid end to end."""
         while len(chunks) > 1:
             if len(chunks) % 2:
-                chunks.append(ir.Constant(chunks[0].type, None))
+                chunks.append(_zero(chunks[0].type))
             n = chunks[0].type.count
             mask = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
             chunks = [self.b.shuffle_vector(a, b, mask) for a, b in zip(chunks[::2], chunks[1::2])]

@@ -30,11 +30,13 @@ import numpy as np
 
 from compiler import te
 from compiler.errors import InvalidExpr
-from compiler.matrix_transform import MATRIX_TRANSFORM
 from compiler.ops.checks import FLOATS, NCHWC, _dims, _dtype_in, _input, _padding, _rank, _same_dtype
 from compiler.ops.nn import Ins, bias_add_nchw, bias_add_nchwc, pad
 
 KERNEL = 3
+# the tag of a transform stage: axes (i, j, *tiles and channel blocks, lane), i and j within a tile, a reduction over
+# a tile side; compiler.matrix_transform gives such stages their loop structure
+MATRIX_TRANSFORM = "matrix_transform"
 _POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2), Fraction(-1, 2))
 
 
