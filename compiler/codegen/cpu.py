@@ -98,12 +98,16 @@ def _is_zero(value) -> bool:
     )
 
 
+def _filled(t: ir.Type, value) -> ir.Constant:
+    """`value` as a constant of type `t`: in every lane of a vector (written zeroinitializer when it is +0)."""
+    if not isinstance(t, ir.VectorType):
+        return ir.Constant(t, value)
+    return _zero(t) if _is_zero(value) else ir.Constant(t, [value] * t.count)
+
+
 def _splat_const(like: ir.Value, value) -> ir.Constant:
     """`value` as a constant of `like`'s type (every lane, for a vector)."""
-    w = _width(like)
-    if w is not None and _is_zero(value):
-        return _zero(like.type)
-    return ir.Constant(like.type, value if w is None else [value] * w)
+    return _filled(like.type, value)
 
 
 def _wrap_int(value: int, bits: int) -> int:
@@ -623,9 +627,7 @@ class _FnEmitter:
             value = float(value)
         else:
             value = _wrap_int(int(value), dtypes.bits(dtype)) if dtype != "bool" else int(bool(value))
-        if width is not None and _is_zero(value):
-            return _zero(_value_type(dtype, width))
-        return ir.Constant(_value_type(dtype, width), value if width is None else [value] * width)
+        return _filled(_value_type(dtype, width), value)
 
     def as_bool(self, e: Expr) -> ir.Value:
         return self.convert(self.expr(e), e.dtype, "bool")
@@ -639,7 +641,7 @@ class _FnEmitter:
             return v
         vty = ir.VectorType(v.type, width)
         if isinstance(v, ir.Constant) and not isinstance(v.constant, (list, tuple)):
-            return _zero(vty) if _is_zero(v.constant) else ir.Constant(vty, [v.constant] * width)
+            return _filled(vty, v.constant)
         one = self.b.insert_element(_zero(vty), v, ir.Constant(I32, 0))
         return self.b.shuffle_vector(one, _zero(vty), _zero(ir.VectorType(I32, width)))
 
