@@ -46,12 +46,13 @@ class _Lowering:
             for s in state.stages
             if s.op.body is not None and s.compute_at != "inline"
         }
+        self.loads = {name: te.loads(v) for name, v in self.values.items()}
 
     def readers(self, name: str) -> list[Stage]:
         return [
             s
             for s in self.state.stages
-            if s.name in self.values and any(ld.buffer == name for ld in te.loads(self.values[s.name]))
+            if s.name in self.loads and any(ld.buffer == name for ld in self.loads[s.name])
         ]
 
     # ------------------------------------------------------------------------------------------ bounds
@@ -105,7 +106,7 @@ class _Lowering:
         for r in self.readers(s.name):
             self._check_inside(s, r, target, pos)
             info = self.info[r.name]
-            for ld in te.loads(self.values[r.name]):
+            for ld in self.loads[r.name]:
                 if ld.buffer == s.name:
                     idx = [te.substitute(i, info.axis_exprs) for i in ld.indices]
                     boxes.append([symbolic_range(i, fixed, self.ranges) for i in idx])

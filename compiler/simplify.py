@@ -247,9 +247,29 @@ RULES: list[Callable[[Expr, Ranges], Expr | None]] = [
 ]
 
 
+# simplify() results by expression and the ranges of its free variables. Lowering a search's candidates simplifies
+# the same index expressions over and over (a candidate shares all but one or two stages' loops with its parent);
+# before this memo, simplify took 40% of the search's time on ResNet-18's convs.
+_SIMPLIFIED: dict[tuple, Expr] = {}
+_SIMPLIFIED_MAX = 200_000
+
+
 def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
     """Apply RULES bottom-up until nothing changes; `ranges` gives loop variables' inclusive bounds."""
+    if isinstance(e, Const):
+        return e
     ranges = ranges or {}
+    key = (e, tuple(sorted((v, ranges[v]) for v in te.free_vars(e) if v in ranges)))
+    out = _SIMPLIFIED.get(key)
+    if out is None:
+        out = _simplify(e, ranges)
+        if len(_SIMPLIFIED) >= _SIMPLIFIED_MAX:
+            _SIMPLIFIED.clear()
+        _SIMPLIFIED[key] = out
+    return out
+
+
+def _simplify(e: Expr, ranges: Ranges) -> Expr:
 
     def visit(n: Expr) -> Expr | None:
         if isinstance(n, Var) and ranges.get(n.name, (0, 1))[0] == ranges.get(n.name, (0, 1))[1]:

@@ -527,10 +527,20 @@ def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    """Replace variables by name."""
+    """Replace variables by name. Subtrees without a replaced variable are returned as they are (not rebuilt)."""
     if not mapping:
         return e
-    return rewrite(e, lambda n: mapping.get(n.name) if isinstance(n, Var) else None)
+
+    def visit(n: Expr) -> Expr:
+        if isinstance(n, Var):
+            return mapping.get(n.name, n)
+        kids = children(n)
+        if not kids:
+            return n
+        new = tuple(visit(k) for k in kids)
+        return n if all(a is b for a, b in zip(new, kids)) else with_children(n, new)
+
+    return visit(e)
 
 
 def free_vars(e: Expr) -> set[str]:

@@ -179,3 +179,14 @@ def test_symbolic_range_examples():
     assert symbolic_range((i * 4 + j) // 2, {"i"}, R) == (i * 2, 2)
     assert symbolic_range(i * j, {"i"}, R) == (Const(0), 22)  # not linear: bounded over every i
     assert symbolic_range(i + Var("free"), {"i"}, R) is None
+
+
+def test_a_simplified_expression_is_remembered_per_range_of_its_variables():
+    """simplify() memoizes by expression and the ranges of its free variables: the same expression under other
+    ranges simplifies anew, and ranges of variables it does not use do not split the memo."""
+    i, j = Var("i"), Var("j")
+    e = (i * 4 + j) // 4
+    assert simplify(e, {"j": (0, 3)}) == i
+    assert str(simplify(e, {"j": (0, 7)})) == "((j // 4) + i)"
+    assert simplify(e, {"j": (0, 3), "k": (0, 99)}) is simplify(e, {"j": (0, 3)})
+    assert simplify(e, {"j": (2, 2)}) == i  # j a constant 2: (4i + 2) // 4

@@ -282,3 +282,19 @@ def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_populati
     p = sched.progress[0]
     sched._next_population(p, MIN_POPULATION, search_s=1.0, measure_s=10.0)
     assert p.population == (256 if share else None)
+
+
+@pytest.mark.parametrize("share", [1 / 3, None])
+def test_a_round_that_measures_fewer_programs_searches_a_smaller_population(share, tmp_path):
+    """Under the search-share rule a warm-up round of 16 of 64 searches a quarter of the population (never below
+    MIN_POPULATION, never above the parameters'); without the rule every round searches the full population."""
+    from compiler.tune import MIN_POPULATION
+
+    params = SearchParams(population=1024, num_iters=1)
+    options = TuneOptions(trials=64, measures_per_round=64, params=params, seed=0, max_search_share=share)
+    sched = TaskScheduler([TASK], JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0))
+    p = sched.progress[0]
+    sizes = [sched._population(p, n) for n in (64, 16, 2)]
+    assert sizes == ([1024, 256, MIN_POPULATION] if share else [1024, 1024, 1024])
+    p.population = 200  # what the rule gave this task after its last round: a small round scales that down
+    assert sched._population(p, 16) == (MIN_POPULATION if share else 200)
