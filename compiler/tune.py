@@ -31,6 +31,7 @@ from compiler.tasks import Task
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
 SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
+CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -352,22 +353,29 @@ class TaskScheduler:
         self, p: TaskProgress, inputs: list[MeasureInput], builds: list, results: list[MeasureResult]
     ) -> list[MeasureResult]:
         """Time this round's fastest program once more if it beats the task's best so far (TuneOptions.confirm_best):
-        its result then holds both timings. A program that fails the second time (a race that the first run got
-        away with) takes the second run's error."""
-        faster = [k for k, r in enumerate(results) if r.ok and r.mean_cost < p.best]
-        if not self.options.confirm_best or not faster:
+        its result then holds both timings. If the second timing drops it behind another program of the round that
+        also beats the best, that one is timed again too, until the round's fastest is a confirmed one (at most
+        CONFIRM_PER_ROUND). A program that fails the second time (a race the first run got away with) takes the
+        second run's error."""
+        if not self.options.confirm_best:
             return results
-        k = min(faster, key=lambda k: results[k].mean_cost)
-        again = self.runner.run([inputs[k]], [builds[k]])[0]
-        self.stats.confirmed += 1
-        first = results[k]
-        results = list(results)
-        if again.ok:
-            results[k] = replace(
-                first, costs=first.costs + again.costs, run_seconds=first.run_seconds + again.run_seconds
-            )
-        else:
-            results[k] = again
+        results, confirmed = list(results), set()
+        while len(confirmed) < CONFIRM_PER_ROUND:
+            faster = [k for k, r in enumerate(results) if r.ok and r.mean_cost < p.best]
+            if not faster:
+                break
+            k = min(faster, key=lambda k: results[k].mean_cost)
+            if k in confirmed:
+                break
+            again = self.runner.run([inputs[k]], [builds[k]])[0]
+            self.stats.confirmed += 1
+            confirmed.add(k)
+            first = results[k]
+            if again.ok:
+                costs, seconds = first.costs + again.costs, first.run_seconds + again.run_seconds
+                results[k] = replace(first, costs=costs, run_seconds=seconds)
+            else:
+                results[k] = again
         return results
 
     def _population(self, p: TaskProgress, n: int) -> int:

@@ -417,3 +417,20 @@ def test_follow_split_takes_the_source_split_lengths():
     assert [it.extent for it in u.stage(C).iters[:3]] == [4, 2, 16]
     with pytest.raises(IllegalStep, match="not an earlier Split"):
         t.do(FollowSplit(t.stage_id(C), 0, 0, 1))
+
+
+def test_derive_is_remembered_per_relations_order_and_extents():
+    """derive() memoizes by the stage's op, relations, loop order and annotations, and the root extents: asked
+    again it returns the same result; other extents (a region bound inference shrank) replay anew."""
+    from dataclasses import replace
+
+    from compiler.state import Stage, derive
+
+    stage = apply_steps(matmul_dag(), TILED_MATMUL).stages[2]  # C.local: splits, a reorder, a vectorized loop
+    full = derive(stage)
+    assert derive(stage) is full and derive(stage, {}) is full
+    part = derive(stage, {"i": 8})
+    assert part is not full and part is derive(stage, {"i": 8})
+    assert part.leaves[0].name == full.leaves[0].name == "i.0" and part.leaves[0].extent < full.leaves[0].extent
+    unannotated = Stage(stage.op, tuple(replace(it, annotation="none") for it in stage.iters), stage.relations)
+    assert derive(unannotated) is not full and all(leaf.annotation == "none" for leaf in derive(unannotated).leaves)
