@@ -270,7 +270,6 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
 
 
 def _simplify(e: Expr, ranges: Ranges) -> Expr:
-
     def visit(n: Expr) -> Expr | None:
         if isinstance(n, Var) and ranges.get(n.name, (0, 1))[0] == ranges.get(n.name, (0, 1))[1]:
             return Const(ranges[n.name][0], n.dtype)  # a loop of extent 1 is a constant

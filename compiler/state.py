@@ -69,7 +69,7 @@ class Derived:
 
 # derive() results by (op identity, relations, loop order and annotations, extents). The search lowers thousands of
 # candidates of one task, and a candidate differs from its parent in one or two stages, so most stages replay the
-# same relations on the same extents again (a third of a ResNet-18 conv's search time went to derive before this).
+# same relations on the same extents again (a fifth of a ResNet-18 conv's search time went to derive before this).
 # Each entry keeps its op alive, so the id in its key cannot be reused while it is cached.
 _DERIVED: dict[tuple, tuple[Op, Derived]] = {}
 _DERIVED_MAX = 50_000

@@ -98,8 +98,8 @@ class TuneOptions:
     share_siblings: bool = True
     # A program that beats its task's best so far is timed once more before it counts (its record then holds both
     # timings, its cost their mean). On a shared host a timing is noisy, and the fastest of hundreds of noisy
-    # timings is mostly luck: the winner's curse. Zen 3, 2 threads: the records of ResNet-18's 3x3 convs promised
-    # about half the time the same programs took when timed again. False trusts a single timing, as Ansor does.
+    # timings is partly luck (the winner's curse): the best is then a program that was timed in a quiet moment, and
+    # the task scheduler's estimates are too low. False trusts a single timing, as Ansor does.
     confirm_best: bool = True
 
 
