@@ -42,6 +42,13 @@ B = te.placeholder((N, N), name="B")
 DAG = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
 TASK = Task(DAG.workload_key, DAG, "matmul64")
 PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
+
+
+class InstantBuilder:
+    """A builder that answers at once with no library (for runners that need none)."""
+
+    def build(self, inputs):
+        return [BuildResult(None, None, "", 0.0) for _ in inputs]
 TRIALS, PER_ROUND, MORE_TRIALS = 24, 8, 16
 
 # position in the first batch (0 is the default schedule) -> a kernel with the candidates' ABI, and its error code
@@ -254,11 +261,8 @@ def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_populati
     from compiler.measure import MeasureResult
     from compiler.tune import MIN_POPULATION
 
-    class Instant:
+    class Instant(InstantBuilder):
         cache = WARM
-
-        def build(self, inputs):
-            return [BuildResult(None, None, "", 0.0) for _ in inputs]
 
         def run(self, inputs, builds):
             return [MeasureResult((1e-3,), None, "", 0.0, 0.0) for _ in inputs]
@@ -309,10 +313,6 @@ def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
     Without confirmation the lucky timing stands."""
     from compiler.measure import MeasureResult
 
-    class Instant:
-        def build(self, inputs):
-            return [BuildResult(None, None, "", 0.0) for _ in inputs]
-
     class Lucky:
         cache = WARM
 
@@ -334,7 +334,7 @@ def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
     options = TuneOptions(trials=8, measures_per_round=8, params=PARAMS, seed=0, confirm_best=confirm)
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     runner = Lucky()
-    sched = TaskScheduler([TASK], db, options, model=RandomModel(0), builder=Instant(), runner=runner)
+    sched = TaskScheduler([TASK], db, options, model=RandomModel(0), builder=InstantBuilder(), runner=runner)
     sched.run()
     records = list(db)
     assert len(records) == 8 and runner.calls == (3 if confirm else 1) and sched.stats.confirmed == 2 * confirm
