@@ -42,6 +42,7 @@ B = te.placeholder((N, N), name="B")
 DAG = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
 TASK = Task(DAG.workload_key, DAG, "matmul64")
 PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
+TRIALS, PER_ROUND, MORE_TRIALS = 24, 8, 16
 
 
 class InstantBuilder:
@@ -49,7 +50,7 @@ class InstantBuilder:
 
     def build(self, inputs):
         return [BuildResult(None, None, "", 0.0) for _ in inputs]
-TRIALS, PER_ROUND, MORE_TRIALS = 24, 8, 16
+
 
 # position in the first batch (0 is the default schedule) -> a kernel with the candidates' ABI, and its error code
 FAULTS = {
