@@ -261,7 +261,7 @@ class TaskScheduler:
         self.stats.build_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            results = self._confirm_best(p, inputs, builds, self.runner.run(inputs, builds))
+            results, interrupted = self._confirm_best(p, inputs, builds, self.runner.run(inputs, builds))
         finally:
             for b in builds:
                 if b.path:
@@ -293,6 +293,8 @@ class TaskScheduler:
         self.stats.train_s += time.perf_counter() - t0
         if self.callback:
             self.callback(self)
+        if interrupted is not None:  # a confirmation was interrupted: the round is counted, now it goes on
+            raise interrupted
 
     def _siblings(self, i: int) -> list[TaskProgress]:
         if i not in self._sibling_lists:
@@ -351,14 +353,16 @@ class TaskScheduler:
 
     def _confirm_best(
         self, p: TaskProgress, inputs: list[MeasureInput], builds: list, results: list[MeasureResult]
-    ) -> list[MeasureResult]:
+    ) -> tuple[list[MeasureResult], BaseException | None]:
         """Time this round's fastest program once more if it beats the task's best so far (TuneOptions.confirm_best):
         its result then holds both timings. If the second timing drops it behind another program of the round that
         also beats the best, that one is timed again too, until the round's fastest is a confirmed one (at most
         CONFIRM_PER_ROUND). A program that fails the second time (a race the first run got away with) takes the
-        second run's error."""
+        second run's error. A confirmation that raises (a farm job cancelled while it waits, Ctrl-C) ends the
+        confirming: the round keeps its first timings and is counted, and the exception is returned for `_round` to
+        raise after that, so that the records its measurements made are never left out of the trials."""
         if not self.options.confirm_best:
-            return results
+            return results, None
         results, confirmed = list(results), set()
         while len(confirmed) < CONFIRM_PER_ROUND:
             faster = [k for k, r in enumerate(results) if r.ok and r.mean_cost < p.best]
@@ -367,7 +371,10 @@ class TaskScheduler:
             k = min(faster, key=lambda k: results[k].mean_cost)
             if k in confirmed:
                 break
-            again = self.runner.run([inputs[k]], [builds[k]])[0]
+            try:
+                again = self.runner.run([inputs[k]], [builds[k]])[0]
+            except BaseException as e:  # noqa: BLE001 - raised again by _round once the round is counted
+                return results, e
             self.stats.confirmed += 1
             confirmed.add(k)
             first = results[k]
@@ -376,7 +383,7 @@ class TaskScheduler:
                 results[k] = replace(first, costs=costs, run_seconds=seconds)
             else:
                 results[k] = again
-        return results
+        return results, None
 
     def _population(self, p: TaskProgress, n: int) -> int:
         """This round's population. Under the search-share rule, a round that measures fewer than a full round's

@@ -348,3 +348,37 @@ def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
         assert lucky.costs == (1e-5, 5e-3) and lucky.error is None
     else:
         assert lucky.error == "wrong_answer"
+
+
+def test_an_interrupted_confirmation_still_counts_the_round(tmp_path):
+    """A farm job cancelled while it waits for a confirmation (the runner raises): the round's measurements are
+    committed and counted with their first timings, then the interruption propagates."""
+    from compiler.measure import MeasureResult
+
+    class Cancelled(Exception):
+        pass
+
+    class CancelledOnSecondCall:
+        cache = WARM
+
+        def __init__(self):
+            self.calls = 0
+
+        def run(self, inputs, builds):
+            self.calls += 1
+            if self.calls > 1:
+                raise Cancelled("job cancelled")
+            return [MeasureResult((1e-3 * (k + 1),), None, "", 0.0, 0.0) for k in range(len(inputs))]
+
+    options = TuneOptions(trials=16, measures_per_round=8, params=PARAMS, seed=0)
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    rounds = []
+    runner = CancelledOnSecondCall()
+    sched = TaskScheduler(
+        [TASK], db, options, model=RandomModel(0), builder=InstantBuilder(), runner=runner,
+        callback=lambda s: rounds.append(s.stats.trials),
+    )
+    with pytest.raises(Cancelled):
+        sched.run()
+    assert runner.calls == 2 and rounds == [8] and sched.stats.trials == 8 and sched.stats.confirmed == 0
+    assert len(list(db)) == 8 and sched.progress[0].best == 1e-3 and [r.costs for r in db][0] == (1e-3,)
