@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from server.models import ApiToken, Team
 from server.schemas import Conflict, as_utc
 
-PREFIX_CHARS = 8
+PREFIX_CHARS = 11
+TOKEN_PREFIX = "tf_"
 # last_used_at is rewritten at most this often per token: a write per request would make every read a writer
 TOUCH_INTERVAL = timedelta(minutes=1)
 
@@ -51,8 +52,10 @@ def register_token(session: Session, team: Team, name: str, token: str) -> ApiTo
 
 
 def create_token(session: Session, team: Team, name: str) -> tuple[ApiToken, str]:
-    """A new random token for `team`: its row and the token string (the one time it exists in clear)."""
-    token = secrets.token_urlsafe(32)
+    """A new random token for `team`: its row and the token string (the one time it exists in clear). Tokens start
+    with TOKEN_PREFIX, so they are recognizable in logs and never begin with "-" (which `--token -x…` would take for
+    an option)."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     return register_token(session, team, name, token), token
 
 

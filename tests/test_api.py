@@ -119,7 +119,7 @@ def test_missing_wrong_and_revoked_tokens_are_refused(client):
     r = client.post(f"{API}/tokens", json={"name": "laptop"})
     assert r.status_code == 201
     new = r.json()
-    assert new["prefix"] == new["token"][:8]
+    assert new["token"].startswith("tf_") and new["prefix"] == new["token"][:11]
     assert client.get(f"{API}/me", headers=bearer(new["token"])).json()["token"]["name"] == "laptop"
     assert client.delete(f"{API}/tokens/{new['id']}").status_code == 204
     assert_error(client.get(f"{API}/me", headers=bearer(new["token"])), 401, "unauthorized")

@@ -39,7 +39,7 @@ def onnx_model(tmp_path_factory) -> Path:
 
 def _cli(svc: EmbeddedService, capsys, *argv: str) -> tuple[int, str]:
     capsys.readouterr()
-    rc = main(["remote", *argv, "--server", svc.url, "--token", svc.token])
+    rc = main(["remote", *argv, "--server", svc.url, f"--token={svc.token}"])
     return rc, capsys.readouterr().out
 
 
