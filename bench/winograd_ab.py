@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import interleaved, ort_options
-from compiler import passes
 from compiler.build import build
 from compiler.examples import resnet18
 from compiler.onnx_frontend import load
@@ -28,13 +27,8 @@ from compiler.runtime import Artifact
 
 
 def _build(model, shape: dict, path: Path, winograd: bool, records) -> Artifact:
-    saved = list(passes.PASSES)
-    if not winograd:
-        passes.PASSES[:] = [p for p in saved if p[0] != "winograd_convs"]
-    try:
-        build(load(model, shape), path, name="resnet18", records=records)
-    finally:
-        passes.PASSES[:] = saved
+    disabled = () if winograd else ("winograd_convs",)
+    build(load(model, shape), path, name="resnet18", records=records, disabled_passes=disabled)
     return Artifact.load(path)
 
 

@@ -10,7 +10,7 @@ import os
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
-from compiler.passes import Group, plan_memory
+from compiler.passes import Group, check_disabled, plan_memory
 from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
@@ -194,10 +194,18 @@ def schedule_tasks(
     return states, used
 
 
-def build(graph: Graph, path: str | Path, name: str = "model", records: Database | None = None) -> BuildInfo:
-    """Compile `graph` into the artifact at `path` (a .tar), applying the best record per task from `records`."""
+def build(
+    graph: Graph,
+    path: str | Path,
+    name: str = "model",
+    records: Database | None = None,
+    disabled_passes: Collection[str] = (),
+) -> BuildInfo:
+    """Compile `graph` into the artifact at `path` (a .tar), applying the best record per task from `records`;
+    `disabled_passes` (of passes.OPTIONAL_PASSES) are left out, as they were when the records were tuned."""
     t0 = time.perf_counter()
-    tasks, calls, optimized = extract_tasks(graph)
+    disabled_passes = check_disabled(disabled_passes)
+    tasks, calls, optimized = extract_tasks(graph, disabled_passes)
     t1 = time.perf_counter()
     host = Target.host()
     states, used = schedule_tasks(tasks, records, host, cache_preference(constant_bytes(calls), host))
@@ -249,6 +257,7 @@ def build(graph: Graph, path: str | Path, name: str = "model", records: Database
                 "features": target.features,
             },
             "host": target.fingerprint(),
+            "disabled_passes": list(disabled_passes),
             "tasks": [
                 {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in used}
                 for t in tasks
@@ -278,13 +287,15 @@ def compile_model(
     input_shapes: dict[str, list[int]] | None = None,
     name: str | None = None,
     records: Database | None = None,
+    disabled_passes: Collection[str] = (),
 ) -> BuildInfo:
-    """ONNX model (path, bytes or ModelProto) -> artifact at `output`, using the best of `records` per task."""
+    """ONNX model (path, bytes or ModelProto) -> artifact at `output`, using the best of `records` per task, without
+    `disabled_passes` (see `build`)."""
     from compiler.onnx_frontend import load
 
     graph = load(model, input_shapes)
     name = name or Path(output).stem.replace("-", "_").replace(".", "_") or "model"
-    return build(graph, output, name=name, records=records)
+    return build(graph, output, name=name, records=records, disabled_passes=disabled_passes)
 
 
 def run_in_process(

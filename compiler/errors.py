@@ -26,6 +26,10 @@ class LoweringError(TilefarmError):
     """A State that cannot be turned into loop IR (e.g. a stage computed where its consumers cannot see it)."""
 
 
+class UnknownPass(TilefarmError):
+    """A graph pass asked to be turned off that is not one of passes.OPTIONAL_PASSES."""
+
+
 class BuildError(TilefarmError):
     """Code generation or linking failed."""
 

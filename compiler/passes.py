@@ -6,11 +6,12 @@ broadcast ops after it; chains of injective ops fuse with each other and into a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from compiler.errors import UnknownPass
 from compiler.graph import Graph, Node, TensorType, Value, toposort
 
 # op patterns, weakest first (TVM's OpPatternKind)
@@ -229,10 +230,28 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 ]
 
 
-def optimize(g: Graph) -> Graph:
-    """Run PASSES in order."""
-    for _, fn in PASSES:
-        g = fn(g)
+# the passes a user may turn off (`--disable-pass`): the graph runs without them, only slower (or, without
+# winograd_convs, with the direct conv's rounding); the others turn ops into the forms the kernels exist for
+OPTIONAL_PASSES = ("winograd_convs", "block_conv_weights", "propagate_nchwc")
+
+
+def check_disabled(disabled: Collection[str]) -> tuple[str, ...]:
+    """`disabled` as a sorted tuple of distinct pass names; UnknownPass names any that cannot be turned off."""
+    wrong = sorted(set(disabled) - set(OPTIONAL_PASSES))
+    if wrong:
+        raise UnknownPass(
+            f"cannot disable {', '.join(map(repr, wrong))}: the passes that can be turned off are "
+            f"{', '.join(OPTIONAL_PASSES)}"
+        )
+    return tuple(sorted(set(disabled)))
+
+
+def optimize(g: Graph, disabled: Collection[str] = ()) -> Graph:
+    """Run PASSES in order, but those named in `disabled` (a subset of OPTIONAL_PASSES)."""
+    off = check_disabled(disabled)
+    for name, fn in PASSES:
+        if name not in off:
+            g = fn(g)
     return g
 
 

@@ -7,6 +7,7 @@ graph values it reads and writes in the order of the task's kernel parameters.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from compiler import ops, te
@@ -85,9 +86,10 @@ def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
     return dag, [by_name[n] for n in dag.inputs] + list(group.outputs)
 
 
-def extract_tasks(graph: Graph) -> tuple[list[Task], list[Call], Graph]:
-    """Optimize and fuse the graph; returns the distinct tasks, the call plan and the optimized graph."""
-    optimized = optimize(graph)
+def extract_tasks(graph: Graph, disabled_passes: Collection[str] = ()) -> tuple[list[Task], list[Call], Graph]:
+    """Optimize (without `disabled_passes`, see passes.OPTIONAL_PASSES) and fuse the graph; returns the distinct
+    tasks, the call plan and the optimized graph."""
+    optimized = optimize(graph, disabled_passes)
     unsupported: dict[str, list[str]] = {}
     for n in optimized.nodes:
         if n.op not in ops.OPS:

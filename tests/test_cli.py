@@ -127,3 +127,25 @@ def test_tune_kernel_rejects_a_bad_budget(tmp_path):
 
     with pytest.raises(SystemExit, match="--trials must be positive"):
         main(["tune-kernel", "gemm", "--shape", "32,32,32", "--trials", "0", "--records", str(tmp_path / "r")])
+
+
+def test_compile_without_a_pass_says_so_in_its_artifact(tmp_path, capsys):
+    import tarfile
+
+    import onnx
+    import pytest
+
+    from tests.test_runtime import small_cnn
+
+    model, art = tmp_path / "small.onnx", tmp_path / "small.tar"
+    onnx.save(small_cnn(), model)
+    flags = ["--disable-pass", "propagate_nchwc", "--disable-pass", "winograd_convs"]
+    assert main(["inspect", str(model), *flags]) == 0
+    assert main(["compile", str(model), "--input-shapes", "x:[3,3,8,8]", "-o", str(art), *flags]) == 0
+    with tarfile.open(art) as tar:
+        meta = json.load(tar.extractfile("meta.json"))
+    assert meta["disabled_passes"] == ["propagate_nchwc", "winograd_convs"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse lists the passes that can be turned off
+        main(["compile", str(model), "-o", str(art), "--disable-pass", "fold_batchnorm"])
+    assert "invalid choice: 'fold_batchnorm'" in capsys.readouterr().err

@@ -15,12 +15,12 @@ from compiler.build import build, run_in_process
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
 from compiler.default_schedule import default_schedule
-from compiler.errors import InvalidExpr
+from compiler.errors import InvalidExpr, UnknownPass
 from compiler.lower import lower
 from compiler.onnx_frontend import load
 from compiler.ops.kernels import reference_conv2d
 from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
-from compiler.passes import CONV_BLOCK, WINOGRAD_MIN_TILES, fuse, optimize, winograd_tiles
+from compiler.passes import CONV_BLOCK, OPTIONAL_PASSES, WINOGRAD_MIN_TILES, fuse, optimize, winograd_tiles
 from compiler.runtime import Artifact
 from compiler.sketch import generate_sketches
 from compiler.state import initial_state
@@ -240,3 +240,26 @@ def test_a_winograd_result_read_as_nchw_is_converted_by_a_task_of_its_own():
     x = rng.standard_normal((1, B, 16, 16)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert _max_rel(run_in_process(load(model), {"x": x})["y"], want) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "disabled",
+    [("winograd_convs",), ("propagate_nchwc",), ("block_conv_weights",), OPTIONAL_PASSES],
+)
+def test_optional_passes_turn_off_and_the_network_still_matches_onnxruntime(tmp_path, disabled):
+    rng = np.random.default_rng(4)
+    model = residual_block(rng, hw=18)
+    x = rng.standard_normal((1, B, 18, 18)).astype(np.float32)
+    ops = {n.op for n in optimize(load(model), disabled).nodes}
+    assert ("WinogradConv" in ops) == ("winograd_convs" not in disabled)
+    assert ("BlockedConv" in ops) == ("block_conv_weights" not in disabled)
+    build(load(model), tmp_path / "m.tar", name="m", disabled_passes=disabled)
+    art = Artifact.load(tmp_path / "m.tar")
+    assert art.meta["disabled_passes"] == sorted(disabled)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert _max_rel(art.run({"x": x})["y"], want) < 1e-5
+
+
+def test_a_pass_that_cannot_be_turned_off_is_named():
+    with pytest.raises(UnknownPass, match="cannot disable 'fold_batchnorm'.*winograd_convs"):
+        optimize(load(residual_block(np.random.default_rng(0))), ["fold_batchnorm"])

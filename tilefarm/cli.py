@@ -17,6 +17,7 @@ from compiler.codegen import assembly, compile_funcs, emit_shared_library, llvm_
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
 from compiler.lower import infer_bound, lower
+from compiler.passes import OPTIONAL_PASSES
 from compiler.state import apply_steps, initial_state, step_from_record
 from compiler.target import Target
 from compiler.tasks import WEIGHT_MODES
@@ -111,6 +112,18 @@ def _load_model(path: str, shapes: str | None):
     return load(path, parse_input_shapes(shapes) if shapes else None)
 
 
+def _disable_pass_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--disable-pass",
+        action="append",
+        default=[],
+        choices=OPTIONAL_PASSES,
+        metavar="PASS",
+        help=f"leave this graph pass out (repeatable; one of {', '.join(OPTIONAL_PASSES)}); tune and compile a model "
+        "with the same ones, since the tasks, and so the records that fit them, change with the passes",
+    )
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
     from compiler.build import build
@@ -119,7 +132,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     graph = _load_model(args.model, args.input_shapes)
     name = Path(args.output).stem.replace("-", "_") or "model"
-    info = build(graph, args.output, name=name, records=_records_source(args))
+    info = build(graph, args.output, name=name, records=_records_source(args), disabled_passes=args.disable_pass)
     print(
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
         f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
@@ -198,7 +211,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     graph = _load_model(args.model, args.input_shapes)
     print(f"{args.model}: inputs {[f'{v.name}{list(v.shape)}' for v in graph.inputs]}, {len(graph.nodes)} nodes")
     print("ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op for n in graph.nodes).most_common()))
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = extract_tasks(graph, args.disable_pass)
     print(
         f"{len(tasks)} tasks ({len(calls)} kernel calls), {sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
     )
@@ -338,7 +351,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from compiler.tasks import constant_bytes, extract_tasks, weights_timed_cold
 
     graph = _load_model(args.model, args.input_shapes)
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = extract_tasks(graph, args.disable_pass)
     print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
@@ -431,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
     rec.add_argument("--database", metavar="URL", help="take the records from this SQL database instead")
     c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
+    _disable_pass_option(c)
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")
     r.add_argument("--inputs", help=".npz with one array per model input (default: random)")
@@ -441,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("model")
     i.add_argument("--input-shapes")
     i.add_argument("--target", default="llvm", help="the target records must be for (this host's CPU: llvm)")
+    _disable_pass_option(i)
     src = i.add_mutually_exclusive_group()
     src.add_argument("--records", help="report what this JSON-lines records file holds per task")
     src.add_argument("--database", metavar="URL", help="report what this SQL database holds per task")
@@ -457,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "tune":
             t.add_argument("model")
             t.add_argument("--input-shapes")
+            _disable_pass_option(t)
         else:
             t.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
             t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
