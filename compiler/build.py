@@ -21,13 +21,12 @@ from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
 from compiler.graph import Graph, Value
 from compiler.lower import lower
+from compiler.measure_worker import ALIGN
 from compiler.passes import Group, check_disabled, plan_memory
 from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import Call, Task, constant_bytes, extract_tasks, weights_exceed_cache
-
-ALIGN = 64
 
 
 @dataclass

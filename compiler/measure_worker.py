@@ -34,13 +34,16 @@ GOLDEN = 1.618  # `number` grows at least this much per retry, as in TVM's time_
 OVERSHOOT = 3.0  # a timed batch stops after this many times min_repeat_ms, however many calls it planned
 GARBAGE_BYTE = 0xA5  # fills integer and bool outputs before the check; float outputs get NaN
 MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task to task, so a few are enough
-ALIGN = 64  # bytes: a cache line, and an AVX-512 vector; what an artifact gives its weights and workspace
+# bytes: a cache line, and an AVX-512 vector. An artifact's weights (compiler.build), its workspace
+# (compiler.runtime), a kernel's scratch (compiler.codegen.memory) and the sandbox's arrays all start on one. It lives
+# here because this module may import nothing of the compiler.
+ALIGN = 64
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialized C-contiguous array starting on a 64-byte boundary. numpy's own buffers start 16 bytes past
-    one, so every 64-byte vector load from them spans two cache lines; an artifact's weights and workspace are aligned
-    (compiler.runtime.ALIGN), and a measurement must see the memory the deployed kernel will."""
+    """An uninitialized C-contiguous array starting on an ALIGN-byte boundary. numpy's own buffers start 16 bytes
+    past one, so every 64-byte vector load from them spans two cache lines; the deployed kernel sees aligned weights
+    and workspace, and a measurement must see the memory it will."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     buf = np.empty(nbytes + ALIGN, np.uint8)

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from compiler.errors import TilefarmError
+from compiler.measure_worker import aligned_empty
 
 # libgomp settings artifacts run with (the user's own settings win); the tuner's sandbox measures under the same
 OPENMP_ENV = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"}
 
-ALIGN = 64
 
 
 class ArtifactError(TilefarmError):
@@ -38,7 +38,7 @@ class Artifact:
         self._lib.tilefarm_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._lib.tilefarm_run.restype = ctypes.c_int
         self._threads = ctypes.c_int.in_dll(lib, "tilefarm_num_threads")
-        self._workspace = np.empty(max(1, meta["workspace_bytes"]) + ALIGN, np.uint8)
+        self._workspace = aligned_empty((max(1, meta["workspace_bytes"]),), np.uint8)
 
     @staticmethod
     def load(path: str | Path) -> Artifact:
@@ -82,8 +82,7 @@ class Artifact:
         self._threads.value = int(os.environ.get("TILEFARM_NUM_THREADS", "0") or 0)
         ins_p = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
         outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
-        base = self._workspace.ctypes.data
-        ws = base + (-base % ALIGN)
+        ws = self._workspace.ctypes.data
         rc = self._lib.tilefarm_run(ins_p, outs_p, ctypes.c_void_p(ws))
         if rc != 0:
             raise ArtifactError(f"tilefarm_run returned {rc}")

@@ -24,9 +24,10 @@ import numpy as np
 
 from compiler import dtypes
 from compiler.codegen.cpu import NUM_THREADS_GLOBAL, generate, scratch_bytes_symbol
-from compiler.codegen.memory import SCRATCH_ALIGN, plan_scratch
+from compiler.codegen.memory import plan_scratch
 from compiler.errors import BuildError
 from compiler.loopir import Buffer, Func, print_func
+from compiler.measure_worker import aligned_empty
 from compiler.target import Target
 
 __all__ = [
@@ -127,9 +128,8 @@ class Kernel:
         self.func = func
         self._owner = owner  # keeps the execution engine (and so the machine code) alive
         # the kernel's scratch buffer (codegen.memory), allocated once, so that calls do not fault in fresh pages
-        self._scratch_buf = np.empty(scratch_bytes + SCRATCH_ALIGN, np.uint8) if scratch_bytes else None
-        base = self._scratch_buf.ctypes.data if self._scratch_buf is not None else 0
-        self._scratch = [base + -base % SCRATCH_ALIGN] if scratch_bytes else []
+        self._scratch_buf = aligned_empty((scratch_bytes,), np.uint8) if scratch_bytes else None
+        self._scratch = [self._scratch_buf.ctypes.data] if self._scratch_buf is not None else []
         nargs = len(func.params) + len(self._scratch)
         self._cfunc = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * nargs)(address)
         self._expect = [(p, dtypes.numpy(p.dtype), tuple(p.shape)) for p in func.params]

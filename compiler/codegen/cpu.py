@@ -21,9 +21,10 @@ from llvmlite import ir
 
 from compiler import dtypes
 from compiler.codegen.lanes import coeff, has_hazard, referenced, uses, vectorizable
-from compiler.codegen.memory import SCRATCH_ALIGN, fits_stack, nbytes, plan_scratch
+from compiler.codegen.memory import fits_stack, nbytes, plan_scratch
 from compiler.errors import BuildError
 from compiler.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
+from compiler.measure_worker import ALIGN
 from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a masked span + shuffle
@@ -188,7 +189,7 @@ class _ModuleEmitter:
         em = _FnEmitter(self, fn, f.name, in_parallel=False)
         em.bufs = {buf.name: (arg, buf.dtype) for arg, buf in zip(fn.args, f.params)}
         if plan.nbytes:
-            fn.args[-1].attributes.align = SCRATCH_ALIGN
+            fn.args[-1].attributes.align = ALIGN
             em.scratch = (fn.args[-1], plan.offsets)
         em.stmt(f.body)
         em.finish()

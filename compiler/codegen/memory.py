@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from compiler import dtypes
 from compiler.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt
+from compiler.measure_worker import ALIGN
 
 STACK_LIMIT = 64 * 1024  # bigger allocations go to scratch or the heap: thread stacks are small
 STACK_BUDGET = 512 * 1024  # and so do the ones past this total per function
-SCRATCH_ALIGN = 64
 
 
 def nbytes(s: Allocate) -> int:
@@ -59,7 +59,7 @@ def plan_scratch(f: Func) -> ScratchPlan:
                 stack += size
                 return walk(s.body, base)
             offsets[id(s)] = base
-            return walk(s.body, base + -(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN)
+            return walk(s.body, base + -(-size // ALIGN) * ALIGN)
         return base
 
     top = walk(f.body, 0)
