@@ -92,7 +92,8 @@ def _report_search(sched: TaskScheduler, prior_s: float) -> dict:
     print(
         f"    tuning {st.wall_s:.0f} s: search {shares['search']:.0%}, build {shares['build']:.0%}, "
         f"run {shares['run']:.0%}, train {shares['train']:.0%}; {scored / max(search_s, 1e-9):.0f} candidates "
-        f"scored/s; {twins} twins of measured programs skipped; {st.confirmed} new bests timed twice; errors: {errors}"
+        f"scored/s; {twins} twins of measured programs skipped; {st.confirmed} new bests timed twice; "
+        f"{st.retimed} timings of the fastest at the end; errors: {errors}"
     )
     return {
         "search_share": round(shares["search"], 3),

@@ -52,6 +52,10 @@ RUN = "run"  # the kernel crashed the sandbox (segfault, abort, …) or its libr
 RUN_TIMEOUT = "run_timeout"  # no answer within the runner's timeout: the kernel hangs or is far too slow
 WRONG_ANSWER = "wrong_answer"  # the outputs differ from the default schedule's
 UNKNOWN = "unknown"  # anything else (the reference itself failed, a bug in the measuring code)
+# the errors that are the program's own: a program measured once without error that ends in one of these when it is
+# measured again (compiler.tune's confirmations and re-timing) was lucky the first time. The others (a build that
+# timed out on a busy host, a lost farm batch) say nothing about the program, and its first timings stand.
+PROGRAM_FAULTS = frozenset({RUN, RUN_TIMEOUT, WRONG_ANSWER})
 ERRORS = (INSTANTIATION, BUILD, BUILD_TIMEOUT, RUN, RUN_TIMEOUT, WRONG_ANSWER, UNKNOWN)
 
 KERNEL = "kernel"  # the symbol every candidate library exports

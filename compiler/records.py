@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -102,19 +102,24 @@ def _tuple(v):
 
 
 def read_records(path: str | Path) -> Iterator[TuningRecord]:
-    """The records of a JSON-lines file, in order; a malformed line raises RecordError naming it."""
+    """The records of a JSON-lines file, in order; a malformed line raises RecordError naming it. A record measured
+    again (Database.remeasured) is a later line of the same identity: that line replaces the earlier one, in its
+    place."""
     return (record for record, _ in read_record_lines(path))
 
 
 def read_record_lines(path: str | Path) -> Iterator[tuple[TuningRecord, str]]:
     """read_records with each record's line, for readers of the fields a record does not hold (provenance)."""
+    latest: dict[tuple[str, str, str, str], tuple[TuningRecord, str]] = {}
     with Path(path).open() as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield TuningRecord.from_json(line), line
+                    record = TuningRecord.from_json(line)
                 except RecordError as e:
                     raise RecordError(f"{path}:{n}: {e}") from None
+                latest[record.identity] = (record, line)  # a replaced key keeps its first position
+    return iter(latest.values())
 
 
 class Database(Protocol):
@@ -123,6 +128,11 @@ class Database(Protocol):
     def commit(self, record: TuningRecord) -> bool:
         """Store a record; False if an identical one (same workload, host, steps and cache condition) is already
         stored."""
+        ...
+
+    def remeasured(self, record: TuningRecord) -> bool:
+        """A stored program measured again: the stored record with this one's identity takes its measurement too (an
+        error-free one adds its timings, a failed one its error); False if no record with that identity is stored."""
         ...
 
     def best(
@@ -143,30 +153,50 @@ class Database(Protocol):
         ...
 
 
+def merge_measurement(stored: TuningRecord, again: TuningRecord) -> TuningRecord:
+    """`stored` after a second measurement of its program (Database.remeasured): an error-free one adds its timings,
+    a failed one (a race the first run got away with) makes the record a failure."""
+    if again.error is not None:
+        return replace(stored, error=again.error, error_message=again.error_message)
+    return replace(stored, costs=stored.costs + again.costs)
+
+
 class JSONLinesDatabase:
-    """Records in a JSON-lines file, appended on commit; indexed in memory when opened."""
+    """Records in a JSON-lines file, appended on commit; indexed in memory when opened. A record measured again
+    (`remeasured`) is appended whole once more: read_records keeps the later line."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._records: list[TuningRecord] = []
-        self._seen: set[tuple[str, str, str, str]] = set()
+        self._index: dict[tuple[str, str, str, str], int] = {}  # identity -> position in _records
         if self.path.exists():
             for r in read_records(self.path):
                 self._add(r)
 
     def _add(self, r: TuningRecord) -> bool:
-        if r.identity in self._seen:
+        if r.identity in self._index:
             return False
-        self._seen.add(r.identity)
+        self._index[r.identity] = len(self._records)
         self._records.append(r)
         return True
+
+    def _append(self, record: TuningRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(record.to_json() + "\n")
 
     def commit(self, record: TuningRecord) -> bool:
         if not self._add(record):
             return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(record.to_json() + "\n")
+        self._append(record)
+        return True
+
+    def remeasured(self, record: TuningRecord) -> bool:
+        i = self._index.get(record.identity)
+        if i is None:
+            return False
+        self._records[i] = merge_measurement(self._records[i], record)
+        self._append(self._records[i])
         return True
 
     def import_records(self, records: Iterable[TuningRecord]) -> int:

@@ -21,7 +21,16 @@ from compiler.build import best_replaying, target_name
 from compiler.cost_model import CostModel, XGBModel
 from compiler.default_schedule import default_schedule
 from compiler.errors import TilefarmError
-from compiler.measure import Builder, LocalBuilder, LocalRunner, MeasureInput, MeasureResult, Runner, to_record
+from compiler.measure import (
+    PROGRAM_FAULTS,
+    Builder,
+    LocalBuilder,
+    LocalRunner,
+    MeasureInput,
+    MeasureResult,
+    Runner,
+    to_record,
+)
 from compiler.records import CACHE_CONDITIONS, Database, TuningRecord, training_group
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
@@ -32,6 +41,7 @@ ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
 SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
+RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -49,6 +59,7 @@ class TaskProgress:
     done: bool = False
     why_done: str = ""
     population: int | None = None  # the next round's; None: the search parameters'
+    resumed: int = 0  # of the trials, those taken from the database (TaskScheduler.resume)
 
     @property
     def gflops(self) -> float:
@@ -66,6 +77,7 @@ class TuneStats:
     wall_s: float = 0.0
     trials: int = 0
     confirmed: int = 0  # new bests timed a second time (TuneOptions.confirm_best)
+    retimed: int = 0  # timings taken when tuning ended (TuneOptions.retime_best)
     errors: dict[str, int] = field(default_factory=dict)
 
     def shares(self) -> dict[str, float]:
@@ -101,6 +113,13 @@ class TuneOptions:
     # timings is partly luck (the winner's curse): the best is then a program that was timed in a quiet moment, and
     # the task scheduler's estimates are too low. False trusts a single timing, as Ansor does.
     confirm_best: bool = True
+    # When the budget is spent, each task's this many fastest programs are timed again RETIME_ROUNDS times, side by
+    # side (one after another, round after round), and their records keep those timings too. Each best so far won
+    # a race of single timings, so it was likely timed in a fast moment; timed beside its runners-up, the order
+    # between them and the task's latency (the estimate, and what compile picks) rest on several timings taken
+    # under the same conditions (a few seconds per task, on top of time_budget). 0 ends with the single timings, as
+    # Ansor does.
+    retime_best: int = 3
 
 
 class TaskScheduler:
@@ -161,6 +180,7 @@ class TaskScheduler:
             cost = rec.mean_cost
             p.policy.record([cand], [cost])
             p.trials += 1
+            p.resumed += 1
             p.best = min(p.best, cost)
             if train:
                 xs.append(p.policy.features_of(cand))
@@ -195,6 +215,9 @@ class TaskScheduler:
                     self._round(self._pick(live))
                 else:
                     self._round(min(live, key=lambda k: self.progress[k].rounds))
+            if opts.retime_best:
+                for p in self.progress:
+                    self._retime(p)
         finally:
             self.stats.wall_s += time.perf_counter() - start
             if self._own:
@@ -261,20 +284,17 @@ class TaskScheduler:
         self.stats.build_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            results, interrupted = self._confirm_best(p, inputs, builds, self.runner.run(inputs, builds))
+            results = self.runner.run(inputs, builds)
+            for inp, res in zip(inputs, results):
+                self._commit(inp, res)
+            results, interrupted = self._confirm_best(p, inputs, builds, results)
         finally:
             for b in builds:
                 if b.path:
                     Path(b.path).unlink(missing_ok=True)
         self.stats.run_s += time.perf_counter() - t0
         self._next_population(p, population, search_s, time.perf_counter() - t_measure)
-        costs = []
-        for inp, res in zip(inputs, results):
-            rec = to_record(inp, res, self.target)
-            self.database.commit(rec)
-            costs.append(res.mean_cost)
-            if res.error:
-                self.stats.errors[res.error] = self.stats.errors.get(res.error, 0) + 1
+        costs = [res.mean_cost for res in results]
         p.policy.record(cands, costs)
         before = p.best
         p.best = min([p.best, *costs])
@@ -355,12 +375,14 @@ class TaskScheduler:
         self, p: TaskProgress, inputs: list[MeasureInput], builds: list, results: list[MeasureResult]
     ) -> tuple[list[MeasureResult], BaseException | None]:
         """Time this round's fastest program once more if it beats the task's best so far (TuneOptions.confirm_best):
-        its result then holds both timings. If the second timing drops it behind another program of the round that
-        also beats the best, that one is timed again too, until the round's fastest is a confirmed one (at most
-        CONFIRM_PER_ROUND). A program that fails the second time (a race the first run got away with) takes the
-        second run's error. A confirmation that raises (a farm job cancelled while it waits, Ctrl-C) ends the
-        confirming: the round keeps its first timings and is counted, and the exception is returned for `_round` to
-        raise after that, so that the records its measurements made are never left out of the trials."""
+        its result, and its stored record (Database.remeasured), then hold both timings. If the second timing drops it
+        behind another program of the round that also beats the best, that one is timed again too, until the round's
+        fastest is a confirmed one (at most CONFIRM_PER_ROUND). A program that fails the second time by its own fault
+        (PROGRAM_FAULTS: a race the first run got away with) takes the second run's error; a failure that is not the
+        program's (a lost farm batch) leaves its first timing. A confirmation that raises (a farm job stopped while
+        it waits, Ctrl-C) ends the confirming: the round keeps its first timings (committed before any confirmation) and
+        is counted, and the exception is returned for `_round` to raise after that, so that the records its
+        measurements made are never left out of the trials."""
         if not self.options.confirm_best:
             return results, None
         results, confirmed = list(results), set()
@@ -377,13 +399,57 @@ class TaskScheduler:
                 return results, e
             self.stats.confirmed += 1
             confirmed.add(k)
+            self._commit(inputs[k], again, second=True)
             first = results[k]
             if again.ok:
                 costs, seconds = first.costs + again.costs, first.run_seconds + again.run_seconds
                 results[k] = replace(first, costs=costs, run_seconds=seconds)
-            else:
+            elif again.error in PROGRAM_FAULTS:
                 results[k] = again
         return results, None
+
+    def _commit(self, inp: MeasureInput, res: MeasureResult, second: bool = False) -> None:
+        """Store a measurement: a new record, or (`second`: a confirmation, a re-timing) one more timing of the
+        stored record, or its failure if that is the program's fault (PROGRAM_FAULTS). A new record that is already
+        stored (a farm's measure worker commits its batch itself) is left as it is."""
+        rec = to_record(inp, res, self.target)
+        if not second:
+            self.database.commit(rec)
+        elif res.ok or res.error in PROGRAM_FAULTS:
+            self.database.remeasured(rec)
+        if res.error:
+            self.stats.errors[res.error] = self.stats.errors.get(res.error, 0) + 1
+
+    def _retime(self, p: TaskProgress) -> None:
+        """Time the task's TuneOptions.retime_best fastest programs again, RETIME_ROUNDS times side by side, each
+        timing added to its record (Database.remeasured); the task's best is then the fastest record's mean. A task
+        that measured nothing in this run (all its trials resumed) is left alone."""
+        if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
+            return
+        ranked = sorted((t for t in p.policy.measured_candidates if math.isfinite(t[0])), key=lambda t: t[0])
+        cands = [c for _, c in ranked[: self.options.retime_best]]
+        if not cands:
+            return
+        t0 = time.perf_counter()
+        inputs = [MeasureInput(p.task, c.state.steps, c.trace) for c in cands]
+        builds = self.builder.build(inputs)
+        self.stats.build_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            for r in range(RETIME_ROUNDS):
+                order = [(k + r) % len(cands) for k in range(len(cands))]  # each round starts with another one
+                results = self.runner.run([inputs[k] for k in order], [builds[k] for k in order])
+                for k, res in zip(order, results):
+                    self._commit(inputs[k], res, second=True)
+                self.stats.retimed += len(results)
+        finally:
+            for b in builds:
+                if b.path:
+                    Path(b.path).unlink(missing_ok=True)
+            self.stats.run_s += time.perf_counter() - t0
+        target, host = target_name(self.target), self.target.fingerprint()
+        best = self.database.best(p.task.key, target, host, k=1, cache=self.runner.cache)
+        p.best = best[0].mean_cost if best else math.inf
 
     def _population(self, p: TaskProgress, n: int) -> int:
         """This round's population. Under the search-share rule, a round that measures fewer than a full round's

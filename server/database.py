@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Integer, create_engine, event, func, select
+from sqlalchemy import Engine, Integer, create_engine, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from compiler import dag_json
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
-from compiler.records import VERSION, TuningRecord, read_record_lines
+from compiler.records import VERSION, TuningRecord, merge_measurement, read_record_lines
 from compiler.target import Target
 from server.migrate import current_revision, head_revision, upgrade
 from server.models import Host, Record, TargetRow, Workload
@@ -228,6 +228,38 @@ class SQLDatabase:
     def commit(self, record: TuningRecord) -> bool:
         """Store a record; False if one with the same workload, host, steps and cache condition is already stored."""
         return self._write([(record, None, {"created_by": self.created_by, "job_id": self.job_id})]) == 1
+
+    def remeasured(self, record: TuningRecord) -> bool:
+        """The stored record with this one's identity takes its measurement too (compiler.records.merge_measurement;
+        a new best confirmed by a second timing); False if none is stored. The row is read and written in one
+        transaction holding its lock, so two measurements of one program never lose each other's timings."""
+        steps_hash = hashlib.sha256(steps_json(record.steps).encode()).hexdigest()
+        q = (
+            self._select()
+            .where(
+                Workload.key == record.workload_key,
+                Host.fingerprint == record.host,
+                Record.steps_hash == steps_hash,
+                Record.cache == record.cache,
+            )
+            .with_for_update(of=Record)
+        )
+        with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+            row = conn.execute(q).first()
+            if row is None:
+                return False
+            merged = merge_measurement(self._record(row), record)
+            conn.execute(
+                update(Record)
+                .where(Record.id == row[0])
+                .values(
+                    costs=[float(c) for c in merged.costs],
+                    mean_cost=merged.mean_cost if merged.ok else None,
+                    error=merged.error,
+                    error_message=merged.error_message,
+                )
+            )
+        return True
 
     def import_records(
         self,

@@ -227,7 +227,7 @@ class MeasureBatch(Base):
     size: Mapped[int] = mapped_column(Integer)
     queue: Mapped[str] = mapped_column(String(128))
     worker: Mapped[str | None] = mapped_column(String(255))
-    state: Mapped[str] = mapped_column(String(16), default="sent")  # sent, running, done, lost, failed
+    state: Mapped[str] = mapped_column(String(16), default="sent")  # sent, running, done, lost, failed, cancelled
     try_number: Mapped[int] = mapped_column(Integer, default=1)
     errors: Mapped[Any | None] = mapped_column(JSON)
     sent_at: Mapped[datetime] = _created_at()

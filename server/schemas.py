@@ -285,7 +285,7 @@ class BatchOut(BaseModel):
     size: int
     queue: str
     worker: str | None
-    state: str  # sent, running, done, lost, failed
+    state: str  # sent, running, done, lost, failed, cancelled (its job was cancelled before a worker started it)
     try_number: int
     errors: dict[str, Any] | None  # error code -> count when done; {"lost": why} or {"failure": why} otherwise
     sent_at: Timestamp

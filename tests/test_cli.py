@@ -6,7 +6,9 @@ import ctypes
 import json
 
 import numpy as np
+import pytest
 
+from compiler.records import read_records
 from tilefarm.cli import main
 
 
@@ -56,7 +58,6 @@ def test_illegal_steps_file_is_a_message(tmp_path, capsys):
 
 
 def test_unreadable_schedule_is_a_message(tmp_path):
-    import pytest
 
     for text in (None, "{not json", '{"a": 1}'):
         path = tmp_path / "s.json"
@@ -85,7 +86,6 @@ def test_compile_inspect_run_an_onnx_model(tmp_path, capsys):
 
 
 def test_compile_errors_are_messages(tmp_path, capsys):
-    import pytest
 
     with pytest.raises(SystemExit, match="no such model"):
         main(["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "m.tar")])
@@ -103,27 +103,29 @@ def test_tune_a_model_then_compile_with_its_records(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "estimated end-to-end latency" in out and "6 trials in" in out
     assert "kernels timed with weights warm" in out  # tiny_cnn's weights fit any last-level cache
-    lines = records.read_text().splitlines()
-    assert len(lines) == 6 and all(json.loads(line)["costs"] or json.loads(line)["error"] for line in lines)
+    stored = list(read_records(records))
+    assert len(stored) == 6 and all(r.costs or r.error for r in stored)
+    # the fastest programs of each task were timed again at the end (--retime-best 3): their records hold it
+    assert "the fastest timed" in out and any(len(r.costs) >= 3 for r in stored)
     # --resume: nothing measured twice, the budget counts new trials (every task tuned alone this time)
-    assert main([*tune, "--trials", "2", "--resume", "--no-sibling-sharing"]) == 0
-    assert "resumed 6 records" in capsys.readouterr().out
-    programs = [
-        json.dumps([(r := json.loads(line))["workload_key"], r["steps"]]) for line in records.read_text().splitlines()
-    ]
-    assert len(programs) == 8 == len(set(programs))
+    assert main([*tune, "--trials", "2", "--resume", "--no-sibling-sharing", "--retime-best", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed 6 records" in out and "the fastest timed" not in out
+    now = list(read_records(records))  # a program measured again would be no new record, and its costs would grow
+    assert len(now) == 8 and now[:6] == stored
     # timed in another cache condition (weights flushed before each call, or every cache), the warm records are not
     # this run's measurements: nothing is resumed, and the new records say how they were timed
     for flags, cache in [(["--weights", "cold"], "cold-weights"), (["--cache-flush"], "flushed")]:
         assert main([*tune, "--trials", "2", "--resume", *flags]) == 0
         assert "resumed 0 records" in capsys.readouterr().out
-        assert [json.loads(line)["cache"] for line in records.read_text().splitlines()[-2:]] == [cache] * 2
+        assert [r.cache for r in read_records(records)][-2:] == [cache] * 2
+    with pytest.raises(SystemExit, match="--retime-best must be 0 or more"):
+        main([*tune, "--trials", "2", "--retime-best", "-1"])
     assert main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--records", str(records)]) == 0
     assert "from records" in capsys.readouterr().out
 
 
 def test_tune_kernel_rejects_a_bad_budget(tmp_path):
-    import pytest
 
     with pytest.raises(SystemExit, match="--trials must be positive"):
         main(["tune-kernel", "gemm", "--shape", "32,32,32", "--trials", "0", "--records", str(tmp_path / "r")])
@@ -133,7 +135,6 @@ def test_compile_without_a_pass_says_so_in_its_artifact(tmp_path, capsys):
     import tarfile
 
     import onnx
-    import pytest
 
     from tests.test_runtime import small_cnn
 

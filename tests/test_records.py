@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -38,6 +39,28 @@ def test_commit_is_idempotent_and_persists(tmp_path):
     again = JSONLinesDatabase(path)
     assert len(again) == 2 and list(again)[0] == list(db)[0]
     assert again.import_records(db) == 0  # importing what is there adds nothing
+
+
+def test_a_record_measured_again_keeps_both_measurements(tmp_path):
+    """Database.remeasured (a new best confirmed by a second timing): the stored record takes the second timing, or
+    the second run's error; the file appends the whole record again and reads back with the later line, in the
+    first one's place, everywhere a records file is read (open, import, export)."""
+    path = tmp_path / "r.jsonl"
+    db = JSONLinesDatabase(path)
+    slow, racy = rec(steps=(("SP", 0, 0, (2,), True),), costs=(3.0,)), rec(costs=(1.0,))
+    assert db.commit(slow) and db.commit(racy) and db.commit(rec(host="h2", costs=(0.5,)))
+    assert not db.remeasured(rec(host="h9"))  # nothing stored with that identity
+    assert db.remeasured(replace(slow, costs=(5.0,), timestamp=slow.timestamp + 9))
+    assert db.remeasured(replace(racy, costs=(), error="wrong_answer", error_message="differs"))
+    assert len(path.read_text().splitlines()) == 5 and len(db) == 3
+    for records in (list(db), list(JSONLinesDatabase(path)), list(read_records(path))):
+        assert [r.costs for r in records] == [(3.0, 5.0), (1.0,), (0.5,)]
+        assert records[0].mean_cost == 4.0 and records[0].timestamp == slow.timestamp
+        assert records[1].error == "wrong_answer" and records[1].error_message == "differs" and not records[1].ok
+    assert JSONLinesDatabase(path).best("w1", "llvm -mcpu=x", "h1") == [list(db)[0]]
+    other = JSONLinesDatabase(tmp_path / "other.jsonl")
+    assert other.import_records(read_records(path)) == 3 and list(other) == list(db)
+    assert db.export(tmp_path / "all.jsonl") == 3 and list(read_records(tmp_path / "all.jsonl")) == list(db)
 
 
 def test_best_filters_by_target_host_and_errors(tmp_path):

@@ -45,6 +45,19 @@ def test_commit_is_idempotent(db):
     assert db.import_records(list(db)) == 0
 
 
+def test_a_record_measured_again_keeps_both_measurements(db):
+    """Database.remeasured: the stored row takes a second timing (its mean cost, and so best(), follow), or the
+    second run's error (then it is no one's best); a record not stored is not added."""
+    assert db.commit(rec(costs=(1.0,))) and db.commit(rec(tile=8, costs=(2.0,)))
+    assert not db.remeasured(rec(host="h9")) and len(db) == 2
+    assert db.remeasured(rec(costs=(4.0,)))
+    assert [r.costs for r in db] == [(1.0, 4.0), (2.0,)]
+    assert [r.steps[0][3] for r in db.best("w1", TARGET, "h1", k=2)] == [(8,), (4,)]  # 2.0 < mean(1.0, 4.0)
+    assert db.remeasured(rec(tile=8, costs=(), error="wrong_answer"))
+    [only] = db.best("w1", TARGET, "h1", k=2)
+    assert only.costs == (1.0, 4.0) and [r.error for r in db] == [None, "wrong_answer"]
+
+
 def test_best_is_fastest_first_without_errors(db):
     for tile, costs, error in [(2, (3.0, 3.0), None), (4, (1.0, 2.0), None), (8, (), "run"), (16, (0.5,), "build")]:
         db.commit(rec(tile=tile, costs=costs, error=error))

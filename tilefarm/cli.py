@@ -249,6 +249,8 @@ def _tune_options(args: argparse.Namespace):
 
     if args.trials <= 0:
         raise SystemExit("error: --trials must be positive")
+    if args.retime_best < 0:
+        raise SystemExit("error: --retime-best must be 0 or more")
     return TuneOptions(
         trials=args.trials,
         measures_per_round=args.per_round,
@@ -257,6 +259,7 @@ def _tune_options(args: argparse.Namespace):
         seed=args.seed,
         params=SearchParams(population=args.population),
         share_siblings=not args.no_sibling_sharing,
+        retime_best=args.retime_best,
     )
 
 
@@ -317,7 +320,8 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
     st = sched.stats
     shares = ", ".join(f"{k} {v:.0%}" for k, v in st.shares().items())
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
-    print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}; records: {where}")
+    retimed = f"; the fastest timed {st.retimed} more times at the end" if st.retimed else ""
+    print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}{retimed}; records: {where}")
     if args.model_file and hasattr(model, "save"):
         model.save(args.model_file)
         print(f"cost model saved to {args.model_file}")
@@ -477,15 +481,29 @@ def main(argv: list[str] | None = None) -> int:
             t.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
             t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
         t.add_argument("--trials", type=int, default=1000, help="measurement budget over all tasks")
-        t.add_argument("--time-budget", type=float, help="stop after this many seconds")
+        t.add_argument(
+            "--time-budget", type=float, help="measure new programs for this many seconds (then --retime-best)"
+        )
         dest = t.add_mutually_exclusive_group(required=True)
         dest.add_argument("--records", help="JSON-lines records file (appended to)")
         dest.add_argument("--database", metavar="URL", help="SQL database (sqlite:///file, postgresql://...)")
-        t.add_argument("--resume", action="store_true", help="continue from the records; nothing is re-measured")
+        t.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue from the records; no program is measured again (but for --retime-best at the end)",
+        )
         t.add_argument("--threads", type=int, help="threads kernels run on while measured (default: all cores)")
         t.add_argument("--per-round", type=int, default=64, help="programs measured per round")
         t.add_argument("--population", type=int, default=512, help="evolutionary search population")
         t.add_argument("--early-stopping", type=int, help="stop a task after this many trials without improvement")
+        t.add_argument(
+            "--retime-best",
+            type=int,
+            default=3,
+            metavar="K",
+            help="when tuning ends, time each task's K fastest programs again, side by side, so that its best rests "
+            "on more than one lucky timing (0: off)",
+        )
         t.add_argument("--repeat", type=int, default=1, help="timed repeats per program (of >= 100 ms each)")
         t.add_argument(
             "--cache-flush",

@@ -83,7 +83,9 @@ class FarmBuilder:
 class FarmRunner:
     """Sends batches to a job's measure queue and waits for them (see the module docstring).
 
-    `interrupted` is asked every CHECK_S while waiting; a reason it returns raises JobInterrupted."""
+    `interrupted` is asked every CHECK_S while waiting; a reason it returns raises JobInterrupted, except that a
+    cancelled job whose batch a worker has started waits for that batch: the worker stores its records whatever the
+    job does, and the round that counts them ends the job (a batch not started yet is given up at once)."""
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class FarmRunner:
         result = self.app.AsyncResult(batch_id)
         deadline = self.options.deadline(size)
         next_check = time.monotonic() + CHECK_S
+        finishing = False  # the job was cancelled while a worker measured this batch
         while True:
             state = result.state
             if state == "SUCCESS":
@@ -165,8 +168,10 @@ class FarmRunner:
                 progress.batch_ended(self.settings, batch_id, "failed", {"failure": why})
                 return why
             if time.monotonic() >= next_check:
-                reason = self.interrupted()
-                if reason:
+                reason = None if finishing else self.interrupted()
+                if reason == "cancelled" and not progress.batch_cancelled(self.settings, batch_id):
+                    finishing = True  # running: its records are being stored, so its round must count them
+                elif reason:
                     raise JobInterrupted(reason)
                 lost = self._lost(batch_id, deadline)
                 if lost:

@@ -254,6 +254,17 @@ def batch_ended(settings: Settings, batch_id: str, state: str, errors: dict[str,
             b.errors = errors
 
 
+def batch_cancelled(settings: Settings, batch_id: str) -> bool:
+    """The job of a batch no worker has started was cancelled: the batch is given up (workers that receive it skip
+    it). False if a worker started it (or it ended): its records will be stored."""
+    with session_scope(settings) as s:
+        b = s.get(MeasureBatch, batch_id, with_for_update=True)
+        if b is None or b.state != "sent":
+            return False
+        b.state, b.finished_at = "cancelled", now()
+        return True
+
+
 def batch_taken(settings: Settings, batch_id: str, worker: str) -> bool:
     """A worker received the batch (it may still wait for the measurement lock); False: it was given up, skip it."""
     with session_scope(settings) as s:

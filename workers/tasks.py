@@ -336,15 +336,7 @@ def _search(claim: progress.Claim) -> None:
             return
         prior, line = ModelCache().load_or_train(db, db.identity, target)
         log.info("job %d: %s", claim.job_id, line)
-        # no confirmations on the farm: the measure worker commits each record itself, so a second timing could not
-        # reach the stored record, and a job cancelled while it waited for one lost its round (issue 4's note)
-        options = TuneOptions(
-            trials=trials,
-            measures_per_round=claim.per_round,
-            time_budget=time_left,
-            seed=claim.seed,
-            confirm_best=False,
-        )
+        options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache meets
         # them cold in every run, so its kernels are timed that way
         cold = weights_timed_cold("auto", calls, target.l3_bytes)

@@ -15,7 +15,7 @@ const PAGE = 50;
 const GROUPS = {build: "Build error", run: "Run error", timeout: "Timeout", wrong_answer: "Wrong answer"};
 // how a record's kernel met the caches when it was timed (compiler.records.CACHE_CONDITIONS)
 const CACHE_CONDITIONS = {"warm": "Warm", "cold-weights": "Weights cold", "flushed": "Caches flushed"};
-const BATCH_STATES = ["sent", "running", "done", "lost", "failed"];
+const BATCH_STATES = ["sent", "running", "done", "lost", "failed", "cancelled"];
 
 function taskLabel(position, tasks) {
   if (position === null || position === undefined) return "—";
