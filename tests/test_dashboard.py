@@ -310,8 +310,9 @@ def test_upload_tune_watch_live_cancel_and_resume(dash, service, tiny_cnn):
     assert page.get_by_role("img", name=re.compile("estimated latency vs wall time")).count() == 1
 
     # the measurement activity: errors, the batch timeline, the records (paged)
+    # the sections load once more when the job ends: then they count every measurement of its last round too
+    _section(page, "Errors").get_by_text(f"of {job['trials_done']} measurements failed").wait_for()
     _loaded(_section(page, "Errors"))
-    assert f"of {job['trials_done']} measurements failed" in _section(page, "Errors").inner_text()
     _loaded(_section(page, "Measurement batches"))
     assert int(page.locator("svg.timeline").get_attribute("data-bars")) >= n_tasks
     records = _section(page, "Records")

@@ -138,14 +138,14 @@ class RecordsBrowser {
 
 /**
  * The three sections for job `jobId`: `elements` to place, `update(job)` with each new job object (the first one
- * starts the loading; they reload every REFRESH_MS while the job runs and once more when it ends), `stop(reason)`
+ * starts the loading; they reload every REFRESH_MS while the job runs and once more as soon as it ends), `stop(reason)`
  * when the job itself cannot be loaded.
  */
 export function activity(view, jobId) {
   const errors = slot("the error breakdown");
   const batches = slot("the batch timeline");
   const records = new RecordsBrowser(jobId, view);
-  let job = null, loadedKey = null, started = false;
+  let job = null, loadedKey = null, refresh = null;
 
   const loadErrors = () => get(`jobs/${jobId}/errors`, {latest: 20}, {signal: view.signal}).then(
     (data) => show(errors, ...errorBreakdown(data, job?.tasks || [])),
@@ -154,12 +154,12 @@ export function activity(view, jobId) {
     (data) => show(batches, ...batchTimeline(data)),
     (error) => error.name !== "AbortError" && fail(batches, "the batch timeline", error));
 
+  const key = () => `${job.state}:${job.trials_done}`;
+  const final = () => TERMINAL.includes(job.state) && key() === loadedKey;
   function start() {
-    started = true;
-    view.every(REFRESH_MS, async () => {
-      const key = `${job.state}:${job.trials_done}`;
-      if (TERMINAL.includes(job.state) && key === loadedKey) return; // final already
-      loadedKey = key;
+    refresh = view.every(REFRESH_MS, async () => {
+      if (final()) return; // final already
+      loadedKey = key();
       await Promise.all([loadErrors(), loadBatches(), records.load()]);
     });
   }
@@ -169,7 +169,8 @@ export function activity(view, jobId) {
     update(next) {
       job = next;
       records.setTasks(job.tasks);
-      if (!started) start();
+      if (!refresh) start();
+      else if (TERMINAL.includes(job.state) && !final()) refresh.now(); // the job ended: its last round at once
     },
     stop(reason) {
       for (const s of [errors, batches, records.body]) fail(s, "this job's activity", {message: reason});
