@@ -42,6 +42,7 @@ WARMUP_MIN = 16  # the smallest first round of a task
 SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
+RETIME_PASSES = 3  # re-timings of the fastest at most, while a best timed once overtakes the re-timed ones
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -289,9 +290,7 @@ class TaskScheduler:
                 self._commit(inp, res)
             results, interrupted = self._confirm_best(p, inputs, builds, results)
         finally:
-            for b in builds:
-                if b.path:
-                    Path(b.path).unlink(missing_ok=True)
+            _discard(builds)
         self.stats.run_s += time.perf_counter() - t0
         self._next_population(p, population, search_s, time.perf_counter() - t_measure)
         costs = [res.mean_cost for res in results]
@@ -421,35 +420,46 @@ class TaskScheduler:
             self.stats.errors[res.error] = self.stats.errors.get(res.error, 0) + 1
 
     def _retime(self, p: TaskProgress) -> None:
-        """Time the task's TuneOptions.retime_best fastest programs again, RETIME_ROUNDS times side by side, each
-        timing added to its record (Database.remeasured); the task's best is then the fastest record's mean. A task
-        that measured nothing in this run (all its trials resumed) is left alone."""
+        """Time the task's TuneOptions.retime_best fastest records again, RETIME_ROUNDS times side by side, each
+        timing added to its record (Database.remeasured). Timed again, a best may fall behind a program timed only
+        once, and then that one is timed again too (at most RETIME_PASSES such passes), so that the best, the one
+        compile applies, is never a single timing that was not put beside the others. A task that measured nothing
+        in this run (all its trials resumed) is left alone."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
-        ranked = sorted((t for t in p.policy.measured_candidates if math.isfinite(t[0])), key=lambda t: t[0])
-        cands = [c for _, c in ranked[: self.options.retime_best]]
-        if not cands:
-            return
+        target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
+        done: set[tuple] = set()
+        for _ in range(RETIME_PASSES):
+            best = self.database.best(p.task.key, target, host, k=self.options.retime_best, cache=cache)
+            todo = [r for r in best if r.identity not in done]
+            if not todo:
+                break
+            done.update(r.identity for r in todo)
+            try:
+                inputs = [MeasureInput(p.task, tuple(step_from_record(s) for s in r.steps), r.trace) for r in todo]
+            except TilefarmError:  # a record this version cannot replay: compile skips it too
+                break
+            self._side_by_side(inputs)
+        best = self.database.best(p.task.key, target, host, k=1, cache=cache)
+        p.best = best[0].mean_cost if best else math.inf
+
+    def _side_by_side(self, inputs: list[MeasureInput]) -> None:
+        """Build these programs once and time them RETIME_ROUNDS times, each round in another order, into their
+        records."""
         t0 = time.perf_counter()
-        inputs = [MeasureInput(p.task, c.state.steps, c.trace) for c in cands]
         builds = self.builder.build(inputs)
         self.stats.build_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
             for r in range(RETIME_ROUNDS):
-                order = [(k + r) % len(cands) for k in range(len(cands))]  # each round starts with another one
+                order = [(k + r) % len(inputs) for k in range(len(inputs))]  # each round starts with another one
                 results = self.runner.run([inputs[k] for k in order], [builds[k] for k in order])
                 for k, res in zip(order, results):
                     self._commit(inputs[k], res, second=True)
                 self.stats.retimed += len(results)
         finally:
-            for b in builds:
-                if b.path:
-                    Path(b.path).unlink(missing_ok=True)
+            _discard(builds)
             self.stats.run_s += time.perf_counter() - t0
-        target, host = target_name(self.target), self.target.fingerprint()
-        best = self.database.best(p.task.key, target, host, k=1, cache=self.runner.cache)
-        p.best = best[0].mean_cost if best else math.inf
 
     def _population(self, p: TaskProgress, n: int) -> int:
         """This round's population. Under the search-share rule, a round that measures fewer than a full round's
@@ -498,6 +508,13 @@ class TaskScheduler:
             close = getattr(x, "close", None)
             if close:
                 close()
+
+
+def _discard(builds: list) -> None:
+    """Delete the built libraries once their measurements are done."""
+    for b in builds:
+        if b.path:
+            Path(b.path).unlink(missing_ok=True)
 
 
 def _similarity_tag(task: Task) -> tuple:

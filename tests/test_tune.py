@@ -33,7 +33,7 @@ from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
 from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.tasks import Task
-from compiler.tune import RETIME_ROUNDS, TaskScheduler, TuneOptions
+from compiler.tune import RETIME_PASSES, RETIME_ROUNDS, TaskScheduler, TuneOptions
 from tests.test_measure import c_library
 
 N = 64
@@ -150,11 +150,13 @@ def test_injected_faults_become_error_codes_and_tuning_goes_on(tuned):
     assert {r.error for r in later} <= {None, BUILD_TIMEOUT}, [(r.error, r.error_message) for r in later if not r.ok]
     assert sum(r.ok for r in later) >= len(later) // 2
     assert sched.progress[0].best == min(r.mean_cost for r in records) < float("inf")
-    # a build per round, and one of the three fastest programs, timed again when tuning ended (retime_best): their
-    # records hold those timings too (and a confirmed new best's second timing)
-    assert len(faulty.batches) == TRIALS // PER_ROUND + 1 and sched.stats.retimed == 3 * RETIME_ROUNDS
+    # a build per round, then builds of the fastest programs, timed again when tuning ended (retime_best: the three
+    # fastest, then any that overtook them): their records hold those timings too (and a confirmed best's second)
+    again = faulty.batches[TRIALS // PER_ROUND :]
+    assert 1 <= len(again) <= RETIME_PASSES and len(again[0]) == 3
+    assert sched.stats.retimed == RETIME_ROUNDS * sum(len(b) for b in again)
     retimed = {json.dumps(r.steps, separators=(",", ":")) for r in records if len(r.costs) > 2}
-    assert retimed == set(faulty.batches[-1]) and len(retimed) == 3
+    assert 3 <= len(retimed) and retimed <= {k for b in again for k in b}
     assert all(1 + RETIME_ROUNDS <= len(r.costs) <= 2 + RETIME_ROUNDS for r in records if len(r.costs) > 2)
 
 
@@ -189,10 +191,11 @@ def test_resume_never_measures_a_program_twice_and_continues_the_count(tuned, bu
     p = sched.progress[0]
     assert p.trials == TRIALS and len(p.policy.measured) == TRIALS and p.best < float("inf")
     sched.run()
-    *searched, retimed = recorder.batches  # the last build: the fastest programs, timed again (retime_best)
+    rounds = MORE_TRIALS // PER_ROUND  # the builds after those: the fastest programs, timed again (retime_best)
+    searched, again = recorder.batches[:rounds], recorder.batches[rounds:]
     built = [k for batch in searched for k in batch]
     assert len(built) == len(set(built)) == MORE_TRIALS
-    assert len(retimed) == 3 and set(retimed) <= old_keys | set(built)
+    assert 1 <= len(again) <= RETIME_PASSES and {k for b in again for k in b} <= old_keys | set(built)
     assert not set(built) & old_keys  # neither the default schedule nor any searched program is measured again
     records = list(db2)
     assert len(records) == TRIALS + MORE_TRIALS  # every commit was new: no identity was already stored
@@ -399,8 +402,9 @@ def test_an_interrupted_confirmation_still_counts_the_round(tmp_path):
 def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_path):
     """retime_best: one program won the round with a lucky timing (1e-5 s; it runs in 5e-3). When the budget is
     spent the three fastest are timed again RETIME_ROUNDS times, each round in another order; their records keep
-    every timing, and the task's best (the estimate, and what compile applies) is the fastest mean: the honest
-    runner-up. Resumed with no budget left, nothing is timed again."""
+    every timing, a program timed once that overtakes them is timed again too, and the task's best (the estimate,
+    and what compile applies) is the fastest mean: the honest runner-up. Resumed with no budget left, nothing is
+    timed again."""
     from compiler.measure import MeasureResult
 
     class Noisy:
@@ -426,12 +430,15 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
         [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
     )
     sched.run()
-    assert runner.calls == 1 + RETIME_ROUNDS and sched.stats.retimed == 3 * RETIME_ROUNDS
-    first, second = runner.orders
+    # the three fastest side by side; then the lucky one (mean 3.3e-3) has fallen behind the fourth, timed once at
+    # 3e-3, which is timed again too (a second pass)
+    assert runner.calls == 1 + 2 * RETIME_ROUNDS and sched.stats.retimed == 4 * RETIME_ROUNDS
+    first, second, *later = runner.orders
     assert sorted(first) == sorted(second) and first != second and len(first) == 3
+    assert later == [later[0]] * RETIME_ROUNDS and len(later[0]) == 1 and later[0][0] not in first
     records = list(JSONLinesDatabase(path))
     costs = sorted((r.costs for r in records if len(r.costs) > 1), key=sum)
-    assert costs == [(1e-3,) * 3, (2e-3,) * 3, (1e-5, 5e-3, 5e-3)]
+    assert costs == [(1e-3,) * 3, (2e-3,) * 3, (3e-3,) * 3, (1e-5, 5e-3, 5e-3)]
     assert sched.progress[0].best == 1e-3 == sched.estimated_latency and sched.stats.trials == 8
 
     again = TaskScheduler(
