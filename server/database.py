@@ -76,6 +76,21 @@ def steps_json(steps: tuple) -> str:
     return json.dumps(steps, separators=(",", ":"))
 
 
+def steps_hash(steps: str) -> str:
+    """The unique key's digest of a step list in its stored form (steps_json)."""
+    return hashlib.sha256(steps.encode()).hexdigest()
+
+
+def _measurement(record: TuningRecord) -> dict[str, Any]:
+    """The columns a record's measurement fills; mean_cost is NULL exactly for a failed one (best() relies on it)."""
+    return {
+        "costs": [float(c) for c in record.costs],
+        "mean_cost": record.mean_cost if record.ok else None,
+        "error": record.error,
+        "error_message": record.error_message,
+    }
+
+
 def _tuples(v):
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v  # JSON lists back to the tuples records hold
 
@@ -200,11 +215,8 @@ class SQLDatabase:
             "target_id": self._id(conn, TargetRow, "name", record.target, new),
             "host_id": self._id(conn, Host, "fingerprint", record.host, new, **host),
             "steps": steps,
-            "steps_hash": hashlib.sha256(steps.encode()).hexdigest(),
-            "costs": [float(c) for c in record.costs],
-            "mean_cost": record.mean_cost if record.ok else None,
-            "error": record.error,
-            "error_message": record.error_message,
+            "steps_hash": steps_hash(steps),
+            **_measurement(record),
             "timestamp": record.timestamp,
             "version": record.version,
             "trace": record.trace,
@@ -233,13 +245,12 @@ class SQLDatabase:
         """The stored record with this one's identity takes its measurement too (compiler.records.merge_measurement;
         a new best confirmed by a second timing); False if none is stored. The row is read and written in one
         transaction holding its lock, so two measurements of one program never lose each other's timings."""
-        steps_hash = hashlib.sha256(steps_json(record.steps).encode()).hexdigest()
         q = (
             self._select()
             .where(
                 Workload.key == record.workload_key,
                 Host.fingerprint == record.host,
-                Record.steps_hash == steps_hash,
+                Record.steps_hash == steps_hash(steps_json(record.steps)),
                 Record.cache == record.cache,
             )
             .with_for_update(of=Record)
@@ -249,16 +260,7 @@ class SQLDatabase:
             if row is None:
                 return False
             merged = merge_measurement(self._record(row), record)
-            conn.execute(
-                update(Record)
-                .where(Record.id == row[0])
-                .values(
-                    costs=[float(c) for c in merged.costs],
-                    mean_cost=merged.mean_cost if merged.ok else None,
-                    error=merged.error,
-                    error_message=merged.error_message,
-                )
-            )
+            conn.execute(update(Record).where(Record.id == row[0]).values(_measurement(merged)))
         return True
 
     def import_records(

@@ -25,7 +25,7 @@ from compiler.records import VERSION
 from compiler.target import Target
 from compiler.tasks import Task
 from server.catalog import records_db
-from server.database import steps_json
+from server.database import steps_hash, steps_json
 from server.db import session_scope
 from server.models import Host, Job, JobPoint, MeasureBatch, ModelTask, Record, TargetRow, UploadedModel, Workload
 from server.settings import Settings
@@ -231,7 +231,7 @@ class _Run:
             "target_id": self.target_id,
             "host_id": self.host_id,
             "steps": steps,
-            "steps_hash": hashlib.sha256(steps.encode()).hexdigest(),
+            "steps_hash": steps_hash(steps),
             "costs": [cost * 0.98, cost * 1.02] if cost is not None else [],
             "mean_cost": cost,
             "error": error,
