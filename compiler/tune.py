@@ -424,7 +424,8 @@ class TaskScheduler:
         timing added to its record (Database.remeasured). Timed again, a best may fall behind a program timed only
         once, and then that one is timed again too (at most RETIME_PASSES such passes), so that the best, the one
         compile applies, is never a single timing that was not put beside the others. A task that measured nothing
-        in this run (all its trials resumed) is left alone."""
+        in this run (all its trials resumed) is left alone, and a record this version cannot replay is passed over
+        (compile skips it too)."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
         target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
@@ -435,12 +436,10 @@ class TaskScheduler:
             if not todo:
                 break
             done.update(r.identity for r in todo)
-            try:
-                inputs = [MeasureInput(p.task, tuple(step_from_record(s) for s in r.steps), r.trace) for r in todo]
-            except TilefarmError:  # a record this version cannot replay: compile skips it too
-                break
-            self._side_by_side(inputs)
-        best = self.database.best(p.task.key, target, host, k=1, cache=cache)
+            inputs = [inp for inp in (_replay_input(p.task, r) for r in todo) if inp is not None]
+            if inputs:
+                self._side_by_side(inputs)
+        best = best_replaying(p.task, self.database, self.target, (cache,))
         p.best = best[0].mean_cost if best else math.inf
 
     def _side_by_side(self, inputs: list[MeasureInput]) -> None:
@@ -508,6 +507,14 @@ class TaskScheduler:
             close = getattr(x, "close", None)
             if close:
                 close()
+
+
+def _replay_input(task: Task, record: TuningRecord) -> MeasureInput | None:
+    """The record's program, to measure again; None for a record this version cannot replay (compile skips it too)."""
+    try:
+        return MeasureInput(task, tuple(step_from_record(s) for s in record.steps), record.trace)
+    except TilefarmError:
+        return None
 
 
 def _discard(builds: list) -> None:

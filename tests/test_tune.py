@@ -448,3 +448,38 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
     assert again.resume() == 8
     again.run()
     assert again.runner.calls == 0 and again.progress[0].best == 1e-3
+
+
+def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
+    """The fastest record of the task has a step this version does not know (another version's, on the same host):
+    the re-timing at the end times the others beside each other and leaves it; the task's best is the fastest one
+    that replays, as compile would apply."""
+    from compiler.measure import MeasureResult, to_record
+    from compiler.target import Target
+
+    class Timer:
+        cache = WARM
+
+        def __init__(self):
+            self.batches, self.cost = [], {}
+
+        def run(self, inputs, builds):  # each program runs in its own time, 1, 2, 3... ms in the order first seen
+            self.batches.append(len(inputs))
+            for inp in inputs:
+                self.cost.setdefault(key_of(inp), 1e-3 * (len(self.cost) + 1))
+            return [MeasureResult((self.cost[key_of(inp)],), None, "", 0.0, 0.0) for inp in inputs]
+
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    unreadable = to_record(
+        MeasureInput(TASK, default_schedule(DAG).steps), MeasureResult((1e-6,), None, "", 0.0, 0.0),
+        Target.host(),
+    )
+    db.commit(replace(unreadable, steps=(("StepOfALaterVersion", 1),)))
+    options = TuneOptions(trials=8, measures_per_round=8, params=PARAMS, seed=0, confirm_best=False)
+    sched = TaskScheduler([TASK], db, options, model=RandomModel(0), builder=InstantBuilder(), runner=Timer())
+    sched.run()
+    # the round's 8; then the fastest three hold the unreadable one, and the other two are timed side by side
+    assert sched.runner.batches == [8] + [2] * RETIME_ROUNDS
+    stored = [r for r in JSONLinesDatabase(tmp_path / "r.jsonl") if r.steps == (("StepOfALaterVersion", 1),)]
+    assert [r.costs for r in stored] == [(1e-6,)]
+    assert sched.progress[0].best == 1e-3
