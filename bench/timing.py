@@ -7,8 +7,9 @@ A process that has just tuned holds thread pools (OpenBLAS, libgomp, xgboost) an
 2-core host that made the same ResNet-18 artifact time 49.7 ms inside the tuning process and 29.3 ms alone. So
 bench.tuning times every result here instead: the best record per task is compiled, checked against onnxruntime,
 and timed next to numpy/OpenBLAS and onnxruntime (interleaved samples, medians, as bench.kernels does), in three
-fresh processes in turn (`in_fresh_process`). The last
-stdout line is the result as JSON: {"medians_s": {system: seconds}, "max_rel_diff": float}.
+fresh processes in turn (`in_fresh_process`). An L3 probe (bench.kernels.l3_probe) is
+timed in turn with them, to show whether other tenants were using the shared L3 meanwhile. The last stdout line is
+the result as JSON: {"medians_s": {system: seconds}, "max_rel_diff": float, "l3_probe_gbs": float}.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import TUNING_WORKLOADS, blas_info, fair_openblas_env, interleaved, onnx_session
+from bench.kernels import L3_PROBE, TUNING_WORKLOADS, blas_info, fair_openblas_env, interleaved, l3_probe, onnx_session
 from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 
@@ -57,8 +58,8 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     if name.startswith("gemm"):
         systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
     with threadpool_limits(limits=threads, user_api="blas"):
-        medians = interleaved(systems, repeat, min_ms=30)
-    return {"medians_s": medians, "max_rel_diff": rel, "blas": blas_info()}
+        medians, probe_gbs = interleaved_with_probe(systems, repeat, min_ms=30)
+    return {"medians_s": medians, "max_rel_diff": rel, "blas": blas_info(), "l3_probe_gbs": probe_gbs}
 
 
 def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
@@ -80,8 +81,16 @@ def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
         _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
         systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
         systems["onnxruntime"] = lambda: ort_fn(feeds)
-        medians = interleaved(systems, repeat, min_ms=100)
-    return {"medians_s": medians, "max_rel_diff": rel}
+        medians, probe_gbs = interleaved_with_probe(systems, repeat, min_ms=100)
+    return {"medians_s": medians, "max_rel_diff": rel, "l3_probe_gbs": probe_gbs}
+
+
+def interleaved_with_probe(systems: dict, repeat: int, min_ms: float) -> tuple[dict[str, float], float]:
+    """bench.kernels.interleaved with the L3 probe (bench.kernels.l3_probe) timed in turn among the systems: their
+    medians, and the probe's median GB/s."""
+    probe, to_gbs = l3_probe()
+    medians = interleaved({**systems, L3_PROBE: probe}, repeat, min_ms)
+    return medians, round(to_gbs(medians.pop(L3_PROBE)), 1)
 
 
 def json_from_process(cmd: list[str], what: str, env: dict | None = None) -> dict:
@@ -103,7 +112,12 @@ def in_fresh_process(kind: str, name: str, records: Path, threads: int, repeat: 
     cmd = [sys.executable, "-m", "bench.timing", kind, name, str(records), "--threads", str(threads)]
     runs = [json_from_process([*cmd, "--repeat", str(repeat)], f"timing {name}", env) for _ in range(processes)]
     medians = {k: statistics.median(r["medians_s"][k] for r in runs) for k in runs[0]["medians_s"]}
-    return {**runs[0], "medians_s": medians, "runs": [r["medians_s"] for r in runs]}
+    return {
+        **runs[0],
+        "medians_s": medians,
+        "runs": [r["medians_s"] for r in runs],
+        "l3_probe_gbs": [r["l3_probe_gbs"] for r in runs],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -158,10 +158,11 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
             "gflops": round(w.flop_count(dag) / sec / 1e9, 2),
         }
         if tuned:
-            row.update(extra, pairwise_accuracy=acc)
+            row.update(extra, pairwise_accuracy=acc, l3_probe_gbs=timed["l3_probe_gbs"])
         rows.append(row)
         gflops = f"{row['gflops']:8.1f} GFLOP/s"
         print(f"    {system:15s} {row['median_ms']:9.3f} ms {gflops}  ({_per_process(timed, system)})")
+    print(_probe_line(timed))
     for ref in ("numpy-openblas", "onnxruntime"):
         if ref in medians:
             print(f"    tuned / {ref}: speed ratio {medians[ref] / medians['tilefarm-tuned']:.2f}")
@@ -171,6 +172,12 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
 
 def _per_process(timed: dict, system: str) -> str:
     return "processes: " + " / ".join(f"{r[system] * 1e3:.3f}" for r in timed["runs"])
+
+
+def _probe_line(timed: dict) -> str:
+    """The L3 probe's GB/s in each timing process: a low figure marks a process timed while other tenants used the
+    shared L3 (bench.kernels.l3_probe)."""
+    return f"    L3 probe (8 MiB copy, timed in turn): {' / '.join(f'{g:.0f}' for g in timed['l3_probe_gbs'])} GB/s"
 
 
 def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:
@@ -233,9 +240,10 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
             "gflops": None,
         }
         if tuned:
-            row.update(extra)
+            row.update(extra, l3_probe_gbs=timed["l3_probe_gbs"])
         rows.append(row)
         print(f"    {system:17s} {row['median_ms']:9.3f} ms  ({_per_process(timed, system)})")
+    print(_probe_line(timed))
     print(
         f"    tuned / onnxruntime: speed ratio {medians['onnxruntime'] / medians['tilefarm-tuned']:.2f} "
         f"(max rel diff vs onnxruntime {rel:.1e})"
