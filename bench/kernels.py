@@ -260,9 +260,10 @@ def l3_probe() -> tuple[Callable[[], object], Callable[[float], float]]:
 
     On these 2-vCPU virtual machines the L3 is shared with other tenants. When they use it heavily, a kernel whose
     working set outgrows the L2 slows down while one that stays in L2 hardly moves: on a Zen 5 host a tuned Winograd
-    conv (64 channels, 56x56; ~6 MB of intermediates) took 0.39-0.52 ms while this copy moved ~400 GB/s and
-    1.1-1.4 ms while it moved 115-280 GB/s, an L2-resident copy and a compute-bound GEMM barely changing. Timed in
-    turn with the systems, it tells a reader which timings were taken in a contended period."""
+    conv (64 channels, 56x56; ~6 MB of data, weights and intermediates) took a median 0.46 ms while a 4 MiB copy
+    moved 110 GB/s and 1.20 ms while it moved 65 GB/s, an L2-resident copy unchanged and a compute-bound GEMM 12%
+    slower (bench/results/l3-contention-zen5-2026-11-26.txt). Timed in turn with the systems, it tells a reader
+    which timings were taken in a contended period."""
     src = np.ones(L3_PROBE_BYTES // 4, np.float32)
     dst = np.empty_like(src)
     return (lambda: np.copyto(dst, src)), (lambda seconds: 2 * L3_PROBE_BYTES / seconds / 1e9)
