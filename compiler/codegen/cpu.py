@@ -12,10 +12,12 @@ libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from llvmlite import ir
 
@@ -66,6 +68,12 @@ def _mangle(t: ir.Type) -> str:
     if isinstance(t, ir.PointerType):
         return "p0"
     return {"float": "f32", "double": "f64"}[str(t)]
+
+
+@functools.cache
+def _iota(width: int) -> ir.Constant:
+    """<0, 1, ..., width - 1> as i64 lanes (a constant: one object serves every vectorized loop body)."""
+    return ir.Constant(ir.VectorType(I64, width), list(range(width)))
 
 
 def _int_const(v: ir.Value) -> int | None:
@@ -141,6 +149,8 @@ class _ModuleEmitter:
         self.outlined = 0
         self._no_unroll: ir.MDValue | None = None
         self._leaves: dict[int, tuple] = {}  # int_leaves by expression id (the entry keeps the expression alive)
+        # lane facts by (node id, lane variable): an unrolled body emits the same loop IR nodes once per iteration
+        self._lane_facts: dict[tuple[Callable, int, str | None], tuple] = {}
 
     def rolled_loop(self) -> ir.MDValue:
         """A fresh loop-ID node (self-referential, so LLVM keeps it distinct) asking for no unrolling."""
@@ -172,6 +182,27 @@ class _ModuleEmitter:
         else:
             out = None
         self._leaves[id(e)] = (e, out)
+        return out
+
+    def vectorizable(self, loop: For) -> bool:
+        """codegen.lanes.vectorizable, once per loop node."""
+        return self._lane_fact(vectorizable, loop, None)
+
+    def uses(self, e: Expr, var: str) -> bool:
+        """codegen.lanes.uses, once per expression node and variable."""
+        return self._lane_fact(uses, e, var)
+
+    def coeff(self, e: Expr, var: str) -> int | None:
+        """codegen.lanes.coeff, once per expression node and variable."""
+        return self._lane_fact(coeff, e, var)
+
+    def _lane_fact(self, fact: Callable, node, var: str | None) -> Any:
+        key = (fact, id(node), var)
+        hit = self._lane_facts.get(key)
+        if hit is not None and hit[0] is node:  # the entry keeps the node alive, so its id is not reused
+            return hit[1]
+        out = fact(node) if var is None else fact(node, var)
+        self._lane_facts[key] = (node, out)
         return out
 
     def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type], overloads: list[ir.Type]) -> ir.Function:
@@ -289,7 +320,7 @@ class _FnEmitter:
             for i in range(s.extent):
                 with self.bind(self.env, name, ir.Constant(I64, i)):
                     self.stmt(s.body)
-        elif s.kind == "vectorized" and self.lanes is None and vectorizable(s):
+        elif s.kind == "vectorized" and self.lanes is None and self.mod.vectorizable(s):
             self.vector_loop(s)
         elif s.kind == "parallel" and not self.in_parallel and self.lanes is None:
             self.parallel_loop(s)
@@ -337,7 +368,7 @@ class _FnEmitter:
             self.vector_body(s, ir.Constant(I64, chunks * width), tail)
 
     def vector_body(self, s: For, start: ir.Value, width: int) -> None:
-        iota = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        iota = _iota(width)
         lanes = iota if _int_const(start) == 0 else self.b.add(self.splat(start, width), iota)
         outer = self.lanes
         self.lanes = _Lanes(s.var.name, start, width)
@@ -457,7 +488,7 @@ class _FnEmitter:
         value = self.to_memory(self.convert(self.expr(s.value), s.value.dtype, dtype), dtype)
         align = dtypes.itemsize(dtype)
         elem = _memory_type(dtype)
-        if self.lanes is None or not uses(s.index, self.lanes.var):
+        if self.lanes is None or not self.mod.uses(s.index, self.lanes.var):
             if _width(value) is not None:
                 raise BuildError(f"kernel {self.kernel}: lanes would race on {s.buffer}[{s.index}] (codegen bug)")
             addr = self.b.gep(ptr, [self.index(s.index)], source_etype=elem)
@@ -469,7 +500,7 @@ class _FnEmitter:
             return
         width = self.lanes.width
         value = self.splat(value, width)
-        if coeff(s.index, self.lanes.var) == 1:
+        if self.mod.coeff(s.index, self.lanes.var) == 1:
             addr = self.b.gep(ptr, [self.index_at_start(s.index)], source_etype=elem)
             if self.mask is None:
                 self.b.store(value, addr, align=align)
@@ -529,13 +560,13 @@ class _FnEmitter:
         elem, align = _memory_type(dtype), dtypes.itemsize(dtype)
         idx = e.indices[0]
         lanes = self.lanes
-        if lanes is not None and uses(idx, lanes.var) and coeff(idx, lanes.var) == 1:
+        if lanes is not None and self.mod.uses(idx, lanes.var) and self.mod.coeff(idx, lanes.var) == 1:
             addr = self.b.gep(ptr, [self.index_at_start(idx)], source_etype=elem)
             vty = ir.VectorType(elem, lanes.width)
             if self.mask is None:
                 return self.from_memory(self.b.load(addr, typ=vty, align=align), dtype)
             return self.from_memory(self.masked_load(addr, vty, align, self.mask), dtype)
-        step = coeff(idx, lanes.var) if lanes is not None and uses(idx, lanes.var) else None
+        step = self.mod.coeff(idx, lanes.var) if lanes is not None and self.mod.uses(idx, lanes.var) else None
         if step is not None and 2 <= step <= MAX_LOAD_STRIDE and lanes.width * step <= MAX_LANES:
             return self.from_memory(self.strided_load(ptr, elem, align, idx, step), dtype)
         index = self.index(idx)
