@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import TUNING_WORKLOADS, Workload
+from bench.kernels import L3_PROBE_BYTES, TUNING_WORKLOADS, Workload
 from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
@@ -177,7 +177,8 @@ def _per_process(timed: dict, system: str) -> str:
 def _probe_line(timed: dict) -> str:
     """The L3 probe's GB/s in each timing process: a low figure marks a process timed while other tenants used the
     shared L3 (bench.kernels.l3_probe)."""
-    return f"    L3 probe (8 MiB copy, timed in turn): {' / '.join(f'{g:.0f}' for g in timed['l3_probe_gbs'])} GB/s"
+    rates = " / ".join(f"{g:.0f}" for g in timed["l3_probe_gbs"])
+    return f"    L3 probe ({L3_PROBE_BYTES >> 20} MiB copy, timed in turn): {rates} GB/s"
 
 
 def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:

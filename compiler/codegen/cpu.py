@@ -149,7 +149,7 @@ class _ModuleEmitter:
         self.outlined = 0
         self._no_unroll: ir.MDValue | None = None
         self._leaves: dict[int, tuple] = {}  # int_leaves by expression id (the entry keeps the expression alive)
-        # lane facts by (node id, lane variable): an unrolled body emits the same loop IR nodes once per iteration
+        # lane facts by (fact, node id, lane variable): an unrolled body emits the same loop IR nodes once per iteration
         self._lane_facts: dict[tuple[Callable, int, str | None], tuple] = {}
 
     def rolled_loop(self) -> ir.MDValue:
