@@ -37,6 +37,9 @@ class For(Stmt):
     extent: int
     kind: str
     body: Stmt
+    # an unrolled loop that codegen leaves to LLVM's full unrolling instead of replicating the body itself (a matrix
+    # transform's tile loops: the same code, in half the build time)
+    llvm_unroll: bool = False
 
 
 @dataclass(frozen=True, slots=True)

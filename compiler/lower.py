@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from compiler import te
 from compiler.errors import LoweringError
 from compiler.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, Store, seq
+from compiler.ops.winograd import MATRIX_TRANSFORM
 from compiler.simplify import Ranges, simplify, symbolic_range
 from compiler.state import Stage, State, derive, identity
 from compiler.te import Const, Expr, Load, Reduce, Var
@@ -170,6 +171,9 @@ class _Lowering:
 
     def emit(self, s: Stage) -> Stmt:
         info = self.info[s.name]
+        # a matrix transform's unrolled tile loops hold no register tile that LLVM's unrolling would schedule
+        # differently (a GEMM's can: one Winograd bgemm ran 14% slower so), so they are left to LLVM
+        transform = s.op.tag == MATRIX_TRANSFORM
         value, red = self._value(s)
         out_idx = self.access(s.name, tuple(info.axis_exprs[a.name] for a in s.op.axes))
         spatial = _conj([p for p, k in info.predicates if k == "spatial"])
@@ -184,14 +188,14 @@ class _Lowering:
             first_reduce = info.kinds.index("reduce")
             for (v, e, ann), kind in reversed(list(zip(info.loops, info.kinds))[first_reduce + 1 :]):
                 if kind == "spatial":
-                    init = _loop(v, e, ann, init)
+                    init = _loop(v, e, ann, init, transform)
         stmt = update
         own_loops = set()
         for i in reversed(range(len(info.loops))):
             v, e, ann = info.loops[i]
             for child in reversed(self.state.attached_at(s.name, info.leaf_names[i])):
                 stmt = Allocate(self.buffer(child.name), seq(self.emit(child), stmt))
-            stmt = _loop(v, e, ann, stmt)
+            stmt = _loop(v, e, ann, stmt, transform)
             own_loops.add(v.name)
             if i == first_reduce:
                 stmt = seq(init, stmt)
@@ -269,10 +273,11 @@ def _guard(cond: Expr | None, stmt: Stmt) -> Stmt:
     return stmt if cond is None else IfThenElse(cond, stmt)
 
 
-def _loop(v: Var, extent: int, annotation: str, body: Stmt) -> Stmt:
+def _loop(v: Var, extent: int, annotation: str, body: Stmt, llvm_unroll: bool = False) -> Stmt:
     if extent == 1:
         return body  # the simplifier turns v into 0 (its range is [0, 0])
-    return For(v, extent, LOOP_KIND[annotation], body)
+    kind = LOOP_KIND[annotation]
+    return For(v, extent, kind, body, llvm_unroll=llvm_unroll and kind == "unrolled")
 
 
 VECTOR_STEP_LANES = 16  # a vector loop counts as one unroll step per 16 lanes (one AVX-512 register of fp32)
@@ -286,7 +291,7 @@ def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
         body, steps = _auto_unroll(s.body, own, max_step)
         total = steps * -(-s.extent // VECTOR_STEP_LANES) if s.kind == "vectorized" else steps * s.extent
         kind = "unrolled" if s.kind == "serial" and s.var.name in own and total <= max_step else s.kind
-        return For(s.var, s.extent, kind, body), total
+        return replace(s, kind=kind, body=body), total
     if isinstance(s, Seq):
         parts = [_auto_unroll(c, own, max_step) for c in s.stmts]
         return Seq(tuple(p[0] for p in parts)), sum(p[1] for p in parts)
@@ -301,7 +306,7 @@ def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
 
 def _simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
     if isinstance(s, For):
-        return For(s.var, s.extent, s.kind, _simplify_stmt(s.body, ranges))
+        return replace(s, body=_simplify_stmt(s.body, ranges))
     if isinstance(s, Seq):
         return seq(*(_simplify_stmt(c, ranges) for c in s.stmts))
     if isinstance(s, Allocate):

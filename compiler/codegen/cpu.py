@@ -4,7 +4,8 @@ Each `Func` becomes `void name(T* noalias p0, T* noalias p1, ...)`, one pointer 
 (bool is stored as one byte), then, when its big intermediates need one, a pointer to a 64-byte-aligned
 scratch buffer of `i64 name_scratch_bytes` bytes (exported for every kernel, 0 when it takes none; see
 codegen.memory). Loop kinds map to: serial → an LLVM loop; unrolled → the body replicated with
-the variable replaced by a constant; vectorized → the body emitted once over `<n x T>` lanes (masked where
+the variable replaced by a constant (or, for a For marked llvm_unroll, an LLVM loop that LLVM must fully unroll,
+whose indices its passes fold once unrolled); vectorized → the body emitted once over `<n x T>` lanes (masked where
 an `if` depends on the lane, serial when lanes could interfere); parallel → the body outlined and run by
 libgomp's `GOMP_parallel`, each thread taking one contiguous chunk. The exported global
 `i32 tilefarm_num_threads` picks the thread count (0 = libgomp's default, all cores).
@@ -147,17 +148,17 @@ class _ModuleEmitter:
         nthreads.initializer = ir.Constant(I32, 0)
         self.num_threads = nthreads
         self.outlined = 0
-        self._no_unroll: ir.MDValue | None = None
+        self._hints: dict[str, ir.MDValue] = {}  # unroll hint -> its metadata node
         self._leaves: dict[int, tuple] = {}  # int_leaves by expression id (the entry keeps the expression alive)
         # lane facts by (fact, node id, lane variable): an unrolled body emits the same loop IR nodes once per iteration
         self._lane_facts: dict[tuple[Callable, int, str | None], tuple] = {}
 
-    def rolled_loop(self) -> ir.MDValue:
-        """A fresh loop-ID node (self-referential, so LLVM keeps it distinct) asking for no unrolling."""
-        if self._no_unroll is None:
-            self._no_unroll = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.unroll.disable")])
+    def loop_id(self, hint: str) -> ir.MDValue:
+        """A fresh loop-ID node (self-referential, so LLVM keeps it distinct) carrying the unroll hint `hint`."""
+        if hint not in self._hints:
+            self._hints[hint] = self.module.add_metadata([ir.MetaDataString(self.module, hint)])
         node = self.module.add_metadata([ir.MetaDataString(self.module, f"tilefarm.loop.{len(self.module.metadata)}")])
-        node.operands = (node, self._no_unroll)
+        node.operands = (node, self._hints[hint])
         return node
 
     def function(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -316,7 +317,10 @@ class _FnEmitter:
         if s.extent <= 0:
             return
         name = s.var.name
-        if s.kind == "unrolled":
+        if s.kind == "unrolled" and s.llvm_unroll:
+            self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, s.extent), lambda i: self.body_at(s, i),
+                              maybe_empty=False, full_unroll=True)
+        elif s.kind == "unrolled":
             for i in range(s.extent):
                 with self.bind(self.env, name, ir.Constant(I64, i)):
                     self.stmt(s.body)
@@ -333,11 +337,18 @@ class _FnEmitter:
             self.stmt(s.body)
 
     def counted_loop(
-        self, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Value], None], maybe_empty: bool, keep_rolled: bool = False
+        self,
+        lo: ir.Value,
+        hi: ir.Value,
+        body: Callable[[ir.Value], None],
+        maybe_empty: bool,
+        keep_rolled: bool = False,
+        full_unroll: bool = False,
     ):
         """for i in [lo, hi): body(i), in the rotated form LLVM's loop passes expect. `keep_rolled`: LLVM must not
         unroll it (a serial loop of the schedule: unrolling is the search's decision, and LLVM's full unroll of a
-        short reduction loop lets GVN share loads across iterations until the register block spills)."""
+        short reduction loop lets GVN share loads across iterations until the register block spills).
+        `full_unroll`: LLVM must unroll it fully (For.llvm_unroll)."""
         b = self.b
         pre, head, done = b.block, self.fn.append_basic_block("loop"), self.fn.append_basic_block("loop.end")
         if maybe_empty:
@@ -352,7 +363,9 @@ class _FnEmitter:
         i.add_incoming(nxt, b.block)
         latch = b.cbranch(b.icmp_signed("<", nxt, hi), head, done)
         if keep_rolled:
-            latch.set_metadata("llvm.loop", self.mod.rolled_loop())
+            latch.set_metadata("llvm.loop", self.mod.loop_id("llvm.loop.unroll.disable"))
+        elif full_unroll:
+            latch.set_metadata("llvm.loop", self.mod.loop_id("llvm.loop.unroll.full"))
         b.position_at_end(done)
 
     def vector_loop(self, s: For) -> None:
