@@ -317,10 +317,7 @@ class _FnEmitter:
         if s.extent <= 0:
             return
         name = s.var.name
-        if s.kind == "unrolled" and s.llvm_unroll:
-            self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, s.extent), lambda i: self.body_at(s, i),
-                              maybe_empty=False, full_unroll=True)
-        elif s.kind == "unrolled":
+        if s.kind == "unrolled" and not s.llvm_unroll:
             for i in range(s.extent):
                 with self.bind(self.env, name, ir.Constant(I64, i)):
                     self.stmt(s.body)
@@ -329,8 +326,10 @@ class _FnEmitter:
         elif s.kind == "parallel" and not self.in_parallel and self.lanes is None:
             self.parallel_loop(s)
         else:
+            # a serial loop of the schedule stays rolled (see counted_loop); one marked llvm_unroll is LLVM's to unroll
+            hint = "llvm.loop.unroll.full" if s.llvm_unroll else "llvm.loop.unroll.disable"
             self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, s.extent), lambda i: self.body_at(s, i),
-                              maybe_empty=False, keep_rolled=True)
+                              maybe_empty=False, unroll_hint=hint)
 
     def body_at(self, s: For, i: ir.Value) -> None:
         with self.bind(self.env, s.var.name, i):
@@ -342,13 +341,12 @@ class _FnEmitter:
         hi: ir.Value,
         body: Callable[[ir.Value], None],
         maybe_empty: bool,
-        keep_rolled: bool = False,
-        full_unroll: bool = False,
+        unroll_hint: str | None = None,
     ):
-        """for i in [lo, hi): body(i), in the rotated form LLVM's loop passes expect. `keep_rolled`: LLVM must not
-        unroll it (a serial loop of the schedule: unrolling is the search's decision, and LLVM's full unroll of a
-        short reduction loop lets GVN share loads across iterations until the register block spills).
-        `full_unroll`: LLVM must unroll it fully (For.llvm_unroll)."""
+        """for i in [lo, hi): body(i), in the rotated form LLVM's loop passes expect, its latch carrying
+        `unroll_hint` when given: llvm.loop.unroll.disable for a serial loop of the schedule (unrolling is the
+        search's decision, and LLVM's full unroll of a short reduction loop lets GVN share loads across iterations
+        until the register block spills), llvm.loop.unroll.full for one marked For.llvm_unroll."""
         b = self.b
         pre, head, done = b.block, self.fn.append_basic_block("loop"), self.fn.append_basic_block("loop.end")
         if maybe_empty:
@@ -362,10 +360,8 @@ class _FnEmitter:
         nxt = b.add(i, ir.Constant(I64, 1), flags=("nuw", "nsw"))
         i.add_incoming(nxt, b.block)
         latch = b.cbranch(b.icmp_signed("<", nxt, hi), head, done)
-        if keep_rolled:
-            latch.set_metadata("llvm.loop", self.mod.loop_id("llvm.loop.unroll.disable"))
-        elif full_unroll:
-            latch.set_metadata("llvm.loop", self.mod.loop_id("llvm.loop.unroll.full"))
+        if unroll_hint:
+            latch.set_metadata("llvm.loop", self.mod.loop_id(unroll_hint))
         b.position_at_end(done)
 
     def vector_loop(self, s: For) -> None:
