@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from compiler import te
 from compiler.errors import LoweringError
 from compiler.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, Store, seq
-from compiler.ops.winograd import MATRIX_TRANSFORM
+from compiler.matrix_transform import is_matrix_transform
 from compiler.simplify import Ranges, simplify, symbolic_range
 from compiler.state import Stage, State, derive, identity
 from compiler.te import Const, Expr, Load, Reduce, Var
@@ -173,7 +173,7 @@ class _Lowering:
         info = self.info[s.name]
         # a matrix transform's unrolled tile loops hold no register tile that LLVM's unrolling would schedule
         # differently (a GEMM's can: one Winograd bgemm ran 14% slower so), so they are left to LLVM
-        transform = s.op.tag == MATRIX_TRANSFORM
+        transform = is_matrix_transform(s.op)
         value, red = self._value(s)
         out_idx = self.access(s.name, tuple(info.axis_exprs[a.name] for a in s.op.axes))
         spatial = _conj([p for p, k in info.predicates if k == "spatial"])
