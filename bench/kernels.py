@@ -82,14 +82,14 @@ def blocked_conv(c: int, hw: int) -> Workload:
     return Workload(f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight], out, None, _conv_node, shapes, pack)
 
 
-def winograd_conv(c: int, hw: int) -> Workload:
-    """The layer as tilefarm compiles it inside a model now (the `winograd_convs` pass takes every 3x3 stride-1
-    conv with at least 16 output tiles): Winograd F(4x4, 3x3), its weight transformed at compile time, NCHWc
-    activations in and out (as between two convs); onnxruntime runs its NCHWc conv node the same way."""
+def winograd_conv(c: int, hw: int, m: int = 4, suffix: str = "") -> Workload:
+    """The layer as Winograd F(m x m, 3 x 3), its weight transformed at compile time, NCHWc activations in and out
+    (as between two convs; onnxruntime runs its NCHWc conv node the same way). With m = 4 it is the layer as
+    tilefarm compiles it inside a model (the `winograd_convs` pass takes every 3x3 stride-1 conv with at least 16
+    output tiles of 4x4)."""
     from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
-    from compiler.passes import WINOGRAD_TILE
 
-    m, a = WINOGRAD_TILE, WINOGRAD_TILE + 2
+    a = m + 2
     b = CONV_BLOCK
     data = te.placeholder((1, c // b, hw, hw, b), name="data")
     weight = te.placeholder((a, a, c // b, c, b), name="weight")
@@ -103,9 +103,8 @@ def winograd_conv(c: int, hw: int) -> Workload:
         return [to_nchwc(arr[0]), winograd_weight(arr[1], m, b), mat_bt.astype(f32), mat_at.astype(f32)]
 
     flop = 2 * c * c * 9 * hw * hw  # the direct conv's count, as GFLOP/s figures for Winograd convs are quoted
-    return Workload(
-        f"conv2d_{c}x{hw}x{hw}_3x3", [data, weight, bt, at], out, None, _conv_node, shapes, to_kernel, flop, nchwc=True
-    )
+    name = f"conv2d_{c}x{hw}x{hw}_3x3{suffix}"
+    return Workload(name, [data, weight, bt, at], out, None, _conv_node, shapes, to_kernel, flop, nchwc=True)
 
 
 def to_nchwc(x: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
@@ -128,6 +127,16 @@ TUNING_WORKLOADS = [
     *(winograd_conv(c, hw) for c, hw in _LAYERS),
     *(_direct(blocked_conv(c, hw)) for c, hw in _LAYERS),
 ]
+# tuned only when named (`bench.tuning --only`): the layers as F(2x2, 3x3), and ResNet-18's 7x7 stage (512 channels),
+# which the `winograd_convs` pass leaves direct, as that and as F(2x2, 3x3)
+ALTERNATIVE_WORKLOADS = [
+    *(winograd_conv(c, hw, 2, "_f2") for c, hw in [*_LAYERS, (512, 7)]),
+    _direct(blocked_conv(512, 7)),
+]
+
+
+def tuning_workload(name: str) -> Workload:
+    return next(w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if w.name == name)
 
 
 def ort_options(threads: int):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import L3_PROBE, TUNING_WORKLOADS, blas_info, fair_openblas_env, interleaved, l3_probe, onnx_session
+from bench.kernels import L3_PROBE, blas_info, fair_openblas_env, interleaved, l3_probe, onnx_session, tuning_workload
 from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 
@@ -40,7 +40,7 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     from compiler.lower import lower
     from compiler.state import apply_steps, step_from_record
 
-    w = next(w for w in TUNING_WORKLOADS if w.name == name)
+    w = tuning_workload(name)
     dag = ComputeDAG([*w.inputs, w.output])
     db = JSONLinesDatabase(records)
     best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kernels import L3_PROBE_BYTES, TUNING_WORKLOADS, Workload
+from bench.kernels import ALTERNATIVE_WORKLOADS, L3_PROBE_BYTES, TUNING_WORKLOADS, Workload
 from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
@@ -285,10 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     only = set(args.only.split(",")) if args.only else None
     rows: list[dict] = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        for w in TUNING_WORKLOADS:
-            if only is None or w.name in only:
-                print(f"{w.name}:")
-                run_kernel(w, threads, args, rows)
+        named = [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if only is not None and w.name in only]
+        for w in TUNING_WORKLOADS if only is None else named:
+            print(f"{w.name}:")
+            run_kernel(w, threads, args, rows)
         if only is None or "resnet18" in only:
             print("resnet18:")
             run_resnet18(threads, args, rows)
