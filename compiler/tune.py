@@ -61,6 +61,8 @@ class TaskProgress:
     why_done: str = ""
     population: int | None = None  # the next round's; None: the search parameters'
     resumed: int = 0  # of the trials, those taken from the database (TaskScheduler.resume)
+    search_s: float = 0.0  # this run's seconds searching for the task, and building and timing its programs
+    measure_s: float = 0.0
 
     @property
     def gflops(self) -> float:
@@ -98,11 +100,13 @@ class TuneOptions:
     # a task's first round measures the rule-based default schedule too (False: only what the search proposes, as
     # bench.transfer compares searches)
     measure_default: bool = True
-    # Searching a round should take at most this share of the round's time: after each round the task's next
-    # population is scaled by how far its search-to-measure time ratio was from share / (1 - share), between
-    # MIN_POPULATION and the parameters' population. A model's small tasks measure in a fraction of the time their
-    # search takes (ResNet-18 at 2 threads spent 45% of its tuning in search with a fixed population). None keeps
-    # the full population every round, as Ansor does.
+    # Searching a task should take at most this share of its time: after each round the task's next population is
+    # sized so that its search time so far, plus the next round's (proportional to the population), comes to
+    # share / (1 - share) of its measuring time so far plus one more round like the last, between MIN_POPULATION
+    # and the parameters' population. Counting from the start, a first round at the full population is paid back
+    # by the later ones (sized round by round, conv layers ended at 32-35%). A model's small tasks measure in a
+    # fraction of the time their search takes (ResNet-18 at 2 threads spent 45% of its tuning in search with a
+    # fixed population). None keeps the full population every round, as Ansor does.
     max_search_share: float | None = 1 / 3
     # Tasks with a sketch of the same shape (same anchor stage and tiling, another epilogue: ResNet's conv + ReLU
     # and conv + residual add + ReLU on one shape) hand each other their SHARED_BEST fastest programs every round:
@@ -473,9 +477,12 @@ class TaskScheduler:
 
     def _next_population(self, p: TaskProgress, population: int, search_s: float, measure_s: float) -> None:
         share = self.options.max_search_share
+        p.search_s += search_s
+        p.measure_s += measure_s
         if share is None or search_s <= 0:
             return
-        want = population * (share / (1 - share)) * measure_s / search_s
+        budget = share / (1 - share) * (p.measure_s + measure_s) - p.search_s  # the next round's search seconds
+        want = population * budget / search_s
         p.population = int(min(max(want, MIN_POPULATION), self.options.params.population))
 
     # ------------------------------------------------------------------------------------------ reporting

@@ -315,6 +315,24 @@ def test_a_round_that_measures_fewer_programs_searches_a_smaller_population(shar
     assert sched._population(p, 16) == (MIN_POPULATION if share else 200)
 
 
+def test_the_search_share_counts_from_the_tasks_first_round(tmp_path):
+    """A first round that searched as long as it measured (half its time, at the full population) is paid back: the
+    next round searches the smallest population, and later rounds grow back as the task's search share, counted
+    over all its rounds, reaches a third (a rule sized on each round alone would keep it above)."""
+    from compiler.tune import MIN_POPULATION
+
+    params = SearchParams(population=1024, num_iters=1)
+    options = TuneOptions(trials=64, measures_per_round=64, params=params, seed=0, max_search_share=1 / 3)
+    sched = TaskScheduler([TASK], JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0))
+    p, populations = sched.progress[0], []
+    for population, search_s in ((1024, 4.0), (MIN_POPULATION, 0.5), (384, 1.5)):
+        sched._next_population(p, population, search_s=search_s, measure_s=4.0)
+        populations.append(p.population)
+    assert populations[0] == MIN_POPULATION  # 4 s searched against 4 measured: nothing left for the next round
+    assert abs(populations[1] - 384) <= 1 and abs(populations[2] - 512) <= 1, populations
+    assert p.search_s / (p.search_s + p.measure_s) == pytest.approx(1 / 3)
+
+
 @pytest.mark.parametrize("confirm", [True, False])
 @pytest.mark.parametrize("second", ["slow", "wrong", "lost"])
 def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
