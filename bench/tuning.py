@@ -283,10 +283,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     Path(args.records_dir).mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
+    # by default the benchmark's workloads; with --only, those named, the alternative forms included
+    kernels = (
+        TUNING_WORKLOADS if only is None else [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if w.name in only]
+    )
     rows: list[dict] = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        named = [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if only is not None and w.name in only]
-        for w in TUNING_WORKLOADS if only is None else named:
+        for w in kernels:
             print(f"{w.name}:")
             run_kernel(w, threads, args, rows)
         if only is None or "resnet18" in only:
