@@ -73,16 +73,16 @@ def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
     feeds = batch1_inputs(model)
     graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
     with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
-        arts = {}
+        arts, forms = {}, {}
         for label, db in (("tilefarm-tuned", JSONLinesDatabase(records)), ("tilefarm-untuned", None)):
-            build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=db)
+            forms = build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=db).forms or forms
             arts[label] = Artifact.load(Path(tmp) / f"{label}.tar")
         ort_fn = ort_session(model, threads)
         _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
         systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
         systems["onnxruntime"] = lambda: ort_fn(feeds)
         medians, probe_gbs = interleaved_with_probe(systems, repeat, min_ms=100)
-    return {"medians_s": medians, "max_rel_diff": rel, "l3_probe_gbs": probe_gbs}
+    return {"medians_s": medians, "max_rel_diff": rel, "l3_probe_gbs": probe_gbs, "conv_forms": forms}
 
 
 def interleaved_with_probe(systems: dict, repeat: int, min_ms: float) -> tuple[dict[str, float], float]:

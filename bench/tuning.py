@@ -30,7 +30,7 @@ from compiler.measure import LocalBuilder, LocalRunner
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import WEIGHT_MODES, Task, constant_bytes, weights_timed_cold
+from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES, FormChoice, Task, constant_bytes, weights_timed_cold
 from compiler.tune import TaskScheduler, TuneOptions
 
 HELD_OUT_AFTER = 512
@@ -46,6 +46,7 @@ def _tune(
     cache_flush: bool = False,
     share_siblings: bool = True,
     cold_constants: bool = False,
+    choices: list[FormChoice] | None = None,
 ) -> tuple[TaskScheduler, float]:
     """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none)."""
     from compiler.search import SearchParams
@@ -68,7 +69,7 @@ def _tune(
     )
     with LocalBuilder() as builder, runner:
         t0 = time.perf_counter()
-        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress)
+        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices or ())
         prior_s = 0.0
         if resume:
             stamps = [r.timestamp for r in db]
@@ -203,19 +204,22 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     from bench.models import batch1_inputs
     from compiler.examples import EXAMPLES
     from compiler.onnx_frontend import load
-    from compiler.tasks import extract_tasks
+    from compiler.tasks import extract_tasks, form_choices
 
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
     graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
     tasks, calls, _ = extract_tasks(graph)
+    other_forms, choices = form_choices(graph, tasks, calls) if args.model_conv_forms == "measure" else ([], [])
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
+    if choices:
+        print(f"    and {len(other_forms)} tasks of {len(choices)} convs' other forms (compile takes the faster form)")
     flush = args.model_cache_flush
     cold = weights_timed_cold(args.model_weights, calls, Target.host().l3_bytes)
     print(f"    weights {constant_bytes(calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
-        tasks,
+        [*tasks, *other_forms],
         args.model_trials,
         threads,
         path,
@@ -224,11 +228,14 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
         cache_flush=flush,
         share_siblings=not args.no_sibling_sharing,
         cold_constants=cold,
+        choices=choices,
     )
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched, prior_s)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
     medians, rel = timed["medians_s"], timed["max_rel_diff"]
+    departed = ", ".join(f"{node} {'direct' if m == 0 else f'F({m}x{m})'}" for node, m in timed["conv_forms"].items())
+    print(f"    convs compiled in the other form than the rule's, by the records: {departed or 'none'}")
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"
         row = {
@@ -241,7 +248,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
             "gflops": None,
         }
         if tuned:
-            row.update(extra, l3_probe_gbs=timed["l3_probe_gbs"])
+            row.update(extra, l3_probe_gbs=timed["l3_probe_gbs"], conv_forms=timed["conv_forms"])
         rows.append(row)
         print(f"    {system:17s} {row['median_ms']:9.3f} ms  ({_per_process(timed, system)})")
     print(_probe_line(timed))
@@ -268,6 +275,13 @@ def main(argv: list[str] | None = None) -> None:
         default="auto",
         help="cold: tune ResNet-18's tasks with their weights flushed from the caches before every call (activations "
         "warm); auto (default, as tilefarm tune): cold when the model's weights exceed the last-level cache",
+    )
+    p.add_argument(
+        "--model-conv-forms",
+        choices=CONV_FORM_MODES,
+        default="measure",
+        help="measure (default, as tilefarm tune): tune ResNet-18's 3x3 convs in their other form too (direct or "
+        "Winograd) and compile the faster; rule: only the winograd_convs pass's form",
     )
     p.add_argument("--repeat", type=int, default=7, help="interleaved timing samples per system")
     p.add_argument("--only", help="comma-separated workloads to run (gemm_512, conv2d_64x56x56_3x3, resnet18, ...)")

@@ -26,13 +26,14 @@ from compiler.passes import Group, check_disabled, plan_memory
 from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Call, Task, constant_bytes, extract_tasks, weights_exceed_cache
+from compiler.tasks import Call, Task, constant_bytes, extract_tasks, form_choices, weights_exceed_cache
 
 
 @dataclass
 class BuildInfo:
     tasks: list[Task]
     calls: list[Call]
+    forms: dict[str, int] = field(default_factory=dict)  # conv node -> its form, where records overrode the rule
     seconds: dict[str, float] = field(default_factory=dict)
     records_used: dict[str, dict] = field(default_factory=dict)  # task key -> the record applied
 
@@ -193,6 +194,44 @@ def schedule_tasks(
     return states, used
 
 
+def choose_forms(
+    graph: Graph,
+    tasks: list[Task],
+    calls: list[Call],
+    database: Database,
+    target: Target,
+    prefer: Sequence[str] = CACHE_CONDITIONS,
+    disabled_passes: Collection[str] = (),
+) -> dict[str, int]:
+    """The convs of the plan (`tasks`, `calls` from extract_tasks) to compile in their other form
+    (tasks.form_choices), by node name: those where both forms' tasks have a record here that replays in the same
+    cache condition (the first of `prefer` in which both have one) and the other form's is faster. The rest keep the
+    rule's form, as without records. The choice is made per host by what was measured on it: which form is faster
+    depends on the caches against the transformed weight and on the thread count."""
+    _, choices = form_choices(graph, tasks, calls, disabled_passes)
+    chosen = {}
+    for c in choices:
+        for cache in prefer:
+            found = [best_replaying(t, database, target, (cache,)) for t in c.tasks]
+            if all(found):
+                rule, other = (rec.mean_cost for rec, _ in found)
+                if other < rule:
+                    chosen[c.node] = c.forms[1]
+                break
+    return chosen
+
+
+def _plan(graph: Graph, records: Database | None, host: Target, disabled_passes: Collection[str] = ()) -> tuple:
+    """The tasks, call plan and optimized graph to compile, the convs' forms chosen by `records` (choose_forms) and
+    the cache conditions whose records to apply, in order."""
+    tasks, calls, optimized = extract_tasks(graph, disabled_passes)
+    prefer = cache_preference(constant_bytes(calls), host)
+    forms = choose_forms(graph, tasks, calls, records, host, prefer, disabled_passes) if records is not None else {}
+    if forms:
+        tasks, calls, optimized = extract_tasks(graph, disabled_passes, forms)
+    return tasks, calls, optimized, forms, prefer
+
+
 def build(
     graph: Graph,
     path: str | Path,
@@ -204,10 +243,10 @@ def build(
     `disabled_passes` (of passes.OPTIONAL_PASSES) are left out, as they were when the records were tuned."""
     t0 = time.perf_counter()
     disabled_passes = check_disabled(disabled_passes)
-    tasks, calls, optimized = extract_tasks(graph, disabled_passes)
-    t1 = time.perf_counter()
     host = Target.host()
-    states, used = schedule_tasks(tasks, records, host, cache_preference(constant_bytes(calls), host))
+    tasks, calls, optimized, forms, prefer = _plan(graph, records, host, disabled_passes)
+    t1 = time.perf_counter()
+    states, used = schedule_tasks(tasks, records, host, prefer)
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
     consts = {id(v): v for c in calls for v in c.args if v.const is not None}
@@ -257,6 +296,7 @@ def build(
             },
             "host": target.fingerprint(),
             "disabled_passes": list(disabled_passes),
+            "conv_forms": forms,
             "tasks": [
                 {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in used}
                 for t in tasks
@@ -277,7 +317,7 @@ def build(
         with tarfile.open(path, "w") as tar:
             for f in ["meta.json", *files]:
                 tar.add(tmp / f, arcname=f)
-    return BuildInfo(tasks, calls, {"extract": t1 - t0, "lower": t2 - t1, "codegen": t3 - t2}, used)
+    return BuildInfo(tasks, calls, forms, {"extract": t1 - t0, "lower": t2 - t1, "codegen": t3 - t2}, used)
 
 
 def compile_model(
@@ -302,9 +342,9 @@ def run_in_process(
 ) -> dict[str, np.ndarray]:
     """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
     many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
-    tasks, calls, optimized = extract_tasks(graph)
     host = Target.host()
-    states, _ = schedule_tasks(tasks, records, host, cache_preference(constant_bytes(calls), host))
+    tasks, calls, optimized, _, prefer = _plan(graph, records, host)
+    states, _ = schedule_tasks(tasks, records, host, prefer)
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
     kernels = codegen.compile_funcs(funcs) if funcs else {}

@@ -6,7 +6,8 @@ broadcast ops after it; chains of injective ops fuse with each other and into a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -148,7 +149,9 @@ def block_conv_input_channels(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndar
 
 
 WINOGRAD_TILE = 4  # output tile m of F(m x m, 3 x 3): 36 multiplies for 16 outputs instead of 144
+WINOGRAD_SMALL_TILE = 2  # F(2 x 2, 3 x 3): 16 multiplies for 4 outputs, for images too small for 4x4 tiles
 WINOGRAD_MIN_TILES = 16  # fewer tiles per image leave each transformed weight too little reuse
+DIRECT = 0  # the form of a conv left direct; a form m > 0 is Winograd F(m x m, 3 x 3)
 
 
 def winograd_tiles(n: Node, tile: int = WINOGRAD_TILE) -> int:
@@ -169,31 +172,50 @@ def winograd_tiles(n: Node, tile: int = WINOGRAD_TILE) -> int:
     return x.shape[0] * -(-oh // tile) * -(-ow // tile) if oh > 0 and ow > 0 else 0
 
 
-def winograd_convs(g: Graph) -> Graph:
-    """A 3x3 stride-1 Conv with a constant weight and at least WINOGRAD_MIN_TILES output tiles becomes a
-    WinogradConv (compiler.ops.winograd) with its weight transformed at compile time: a quarter of the direct
-    conv's multiplies. Smaller images (ResNet's 7x7 stage) stay direct, where the 4x larger transformed weight
-    would be read for a handful of tiles. onnxruntime's CPU convs are all direct; TVM's auto-scheduler tunes
-    the same Winograd form for x86."""
+def conv_forms(n: Node) -> tuple[int, ...]:
+    """The forms node `n` can be compiled in, the rule's choice first, () for a node that is not such a conv: a
+    conv with WINOGRAD_MIN_TILES 4x4 output tiles is F(4x4) by rule, or direct; a smaller one (ResNet's 7x7 stage)
+    is direct by rule, or F(2x2) if that gives the tiles. Which is faster depends on the host (its caches against
+    the transformed weight's size) and the thread count, so tuning may measure both (`tasks.form_choices`) and
+    compile take the faster (`build.choose_forms`); without records the rule decides."""
+    if not winograd_tiles(n):
+        return ()
+    if winograd_tiles(n, WINOGRAD_TILE) >= WINOGRAD_MIN_TILES:
+        return (WINOGRAD_TILE, DIRECT)
+    if winograd_tiles(n, WINOGRAD_SMALL_TILE) >= WINOGRAD_MIN_TILES:
+        return (DIRECT, WINOGRAD_SMALL_TILE)
+    return (DIRECT,)
+
+
+def winograd_convs(g: Graph, forms: Mapping[str, int] | None = None) -> Graph:
+    """A 3x3 stride-1 Conv with a constant weight becomes a WinogradConv (compiler.ops.winograd) with its weight
+    transformed at compile time in the form `conv_forms` gives first (F(4x4) where the image has at least
+    WINOGRAD_MIN_TILES 4x4 tiles: a quarter of the direct conv's multiplies; smaller images, ResNet's 7x7 stage,
+    stay direct), or in the form `forms` names for the node (by node name) if it is one of its `conv_forms`.
+    onnxruntime's CPU convs are all direct; TVM's auto-scheduler tunes the same Winograd form for x86."""
     from compiler.ops.winograd import winograd_matrices, winograd_weight
 
     nodes, transforms = [], {}
     for n in g.nodes:
-        if winograd_tiles(n) < WINOGRAD_MIN_TILES:
+        options = conv_forms(n)
+        m = options[0] if options else DIRECT
+        if forms and forms.get(n.name) in options:
+            m = forms[n.name]
+        if m == DIRECT:
             nodes.append(n)
             continue
         w = n.inputs[1]
-        if w.dtype not in transforms:  # B^T and A^T: one pair of constants that every such conv reads
-            at, _, bt = winograd_matrices(WINOGRAD_TILE)
-            transforms[w.dtype] = tuple(
-                Value(f"winograd{WINOGRAD_TILE}_{t}_{w.dtype}", TensorType(c.shape, w.dtype), c.astype(w.dtype))
+        if (w.dtype, m) not in transforms:  # B^T and A^T: one pair of constants that every such conv reads
+            at, _, bt = winograd_matrices(m)
+            transforms[w.dtype, m] = tuple(
+                Value(f"winograd{m}_{t}_{w.dtype}", TensorType(c.shape, w.dtype), c.astype(w.dtype))
                 for t, c in (("bt", bt), ("at", at))
             )
-        u = winograd_weight(w.const, WINOGRAD_TILE, CONV_BLOCK)
-        weight = Value(f"{w.name}_winograd{WINOGRAD_TILE}", TensorType(u.shape, w.dtype), u)
+        u = winograd_weight(w.const, m, CONV_BLOCK)
+        weight = Value(f"{w.name}_winograd{m}", TensorType(u.shape, w.dtype), u)
         bias = n.inputs[2] if len(n.inputs) > 2 else None
         attrs = {"pads": tuple(n.attrs.get("pads") or (0, 0, 0, 0))}
-        inputs = (n.inputs[0], weight, bias, *transforms[w.dtype])
+        inputs = (n.inputs[0], weight, bias, *transforms[w.dtype, m])
         nodes.append(replace(n, op="WinogradConv", inputs=inputs, attrs=attrs))
     return Graph(g.inputs, g.outputs, nodes, g.name)
 
@@ -246,13 +268,30 @@ def check_disabled(disabled: Collection[str]) -> tuple[str, ...]:
     return tuple(sorted(set(disabled)))
 
 
-def optimize(g: Graph, disabled: Collection[str] = ()) -> Graph:
-    """Run PASSES in order, but those named in `disabled` (a subset of OPTIONAL_PASSES)."""
+def optimize(g: Graph, disabled: Collection[str] = (), forms: Mapping[str, int] | None = None) -> Graph:
+    """Run PASSES in order, but those named in `disabled` (a subset of OPTIONAL_PASSES); `forms` picks convs' forms
+    by node name (winograd_convs)."""
     off = check_disabled(disabled)
     for name, fn in PASSES:
         if name not in off:
-            g = fn(g)
+            g = winograd_convs(g, forms) if fn is winograd_convs else fn(g)
     return g
+
+
+def form_alternatives(g: Graph, disabled: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
+    """The convs of `g` that can be compiled in more than one form, by node name: their `conv_forms`, the rule's
+    first, as the winograd_convs pass meets them (after the passes before it). A conv whose name another node shares
+    is left to the rule, since `forms` could not pick it alone; none if winograd_convs is disabled."""
+    off = check_disabled(disabled)
+    if "winograd_convs" in off:
+        return {}
+    for name, fn in PASSES:
+        if fn is winograd_convs:
+            break
+        if name not in off:
+            g = fn(g)
+    names = Counter(n.name for n in g.nodes)
+    return {n.name: f for n in g.nodes if len(f := conv_forms(n)) > 1 and names[n.name] == 1}
 
 
 # ---------------------------------------------------------------------------------------------- fusion

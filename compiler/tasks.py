@@ -7,14 +7,14 @@ graph values it reads and writes in the order of the task's kernel parameters.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
 from compiler import ops, te
 from compiler.dag import ComputeDAG, topological_tensors
 from compiler.errors import TilefarmError, UnsupportedOp
 from compiler.graph import Graph, Value
-from compiler.passes import Group, fuse, optimize
+from compiler.passes import Group, form_alternatives, fuse, optimize
 from compiler.target import DEFAULT_L3_BYTES
 
 
@@ -39,6 +39,17 @@ class Task:
 class Call:
     task: Task
     args: list[Value]  # the kernel's parameters: the DAG's inputs, then its outputs
+    nodes: tuple[str, ...] = ()  # the names of the graph nodes the call computes (its fused group's)
+
+
+@dataclass
+class FormChoice:
+    """A conv that can be compiled in more than one form (passes.conv_forms): the task its fused group becomes in
+    each form, the rule's first (`tasks[0]`: the task of the plan extract_tasks gives by default)."""
+
+    node: str
+    forms: tuple[int, ...]
+    tasks: tuple[Task, ...]
 
 
 def _ident(name: str, taken: set[str]) -> str:
@@ -86,10 +97,12 @@ def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
     return dag, [by_name[n] for n in dag.inputs] + list(group.outputs)
 
 
-def extract_tasks(graph: Graph, disabled_passes: Collection[str] = ()) -> tuple[list[Task], list[Call], Graph]:
-    """Optimize (without `disabled_passes`, see passes.OPTIONAL_PASSES) and fuse the graph; returns the distinct
-    tasks, the call plan and the optimized graph."""
-    optimized = optimize(graph, disabled_passes)
+def extract_tasks(
+    graph: Graph, disabled_passes: Collection[str] = (), forms: Mapping[str, int] | None = None
+) -> tuple[list[Task], list[Call], Graph]:
+    """Optimize (without `disabled_passes`, see passes.OPTIONAL_PASSES; convs in the `forms` chosen by node name,
+    passes.winograd_convs) and fuse the graph; returns the distinct tasks, the call plan and the optimized graph."""
+    optimized = optimize(graph, disabled_passes, forms)
     unsupported: dict[str, list[str]] = {}
     for n in optimized.nodes:
         if n.op not in ops.OPS:
@@ -108,10 +121,42 @@ def extract_tasks(graph: Graph, disabled_passes: Collection[str] = ()) -> tuple[
             t.constants = tuple(i for i in t.constants if i in constants)
         else:
             tasks[key] = Task(key, dag, _task_name(group), constants=constants)
-        calls.append(Call(tasks[key], args))
+        calls.append(Call(tasks[key], args, tuple(n.name for n in group.nodes)))
     return list(tasks.values()), calls, optimized
 
 
+def form_choices(
+    graph: Graph, tasks: list[Task], calls: list[Call], disabled_passes: Collection[str] = ()
+) -> tuple[list[Task], list[FormChoice]]:
+    """For the plan `extract_tasks(graph, disabled_passes)` gave (`tasks`, `calls`), every conv that has another
+    form (passes.form_alternatives) with the tasks of both, and the tasks of the other forms that the plan lacks
+    (to tune beside it; the plan calls them 0 times). A conv offers no choice where its fused group is the same task
+    in both forms, takes other nodes in one of them, or is not called under its name."""
+    alternatives = form_alternatives(graph, disabled_passes)
+    if not alternatives:
+        return [], []
+    other_forms = {name: forms[1] for name, forms in alternatives.items()}
+    _, other_calls, _ = extract_tasks(graph, disabled_passes, other_forms)
+    by_node = [{name: c for c in plan for name in c.nodes} for plan in (calls, other_calls)]
+    known = {t.key: t for t in tasks}
+    extra: dict[str, Task] = {}
+    choices = []
+    for name, forms in alternatives.items():
+        rule_call, other_call = (plan.get(name) for plan in by_node)
+        # only where the form changes the conv's task and nothing around it: a WinogradConv's result stays blocked,
+        # so at a model output its ReLU moves to the layout conversion's task, which tuning could not weigh
+        if rule_call is None or other_call is None or set(rule_call.nodes) != set(other_call.nodes):
+            continue
+        rule, other = rule_call.task, other_call.task
+        if rule.key == other.key:
+            continue
+        # a task the plan lacks is called 0 times by it: only in place of the rule's form, if compile picks it
+        other = known.get(other.key) or extra.setdefault(other.key, replace(other, weight=0))
+        choices.append(FormChoice(name, forms[:2], (known[rule.key], other)))
+    return list(extra.values()), choices
+
+
+CONV_FORM_MODES = ("measure", "rule")  # tune convs' other forms too (form_choices), or only the rule's
 WEIGHT_MODES = ("auto", "cold", "warm")  # how tuning times a model's weights (`weights_timed_cold`)
 
 

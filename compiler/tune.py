@@ -3,7 +3,9 @@
 Each round picks one task, asks its search policy for a batch of new programs, builds and runs them, commits the
 records, and retrains the (shared) cost model. After a warm-up round over every task, the task is the one whose
 improvement of the objective f = Σ weight·latency per trial is estimated largest (Ansor's gradient: a backward
-difference over the last rounds mixed with an optimistic forward guess; α = 0.2, β = 2, window 3).
+difference over the last rounds mixed with an optimistic forward guess; α = 0.2, β = 2, window 3). A conv that can be
+compiled in two forms (tasks.FormChoice) counts in f once, as the faster of its forms' tasks: the other form's task
+lowers f only by what it is expected to undercut it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from compiler.records import CACHE_CONDITIONS, Database, TuningRecord, training_
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Task
+from compiler.tasks import FormChoice, Task
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
@@ -139,7 +141,10 @@ class TaskScheduler:
         runner: Runner | None = None,
         target: Target | None = None,
         callback: Callable[[TaskScheduler], None] | None = None,
+        choices: Sequence[FormChoice] = (),
     ):
+        """`tasks`: a model's tasks (extract_tasks), and the tasks of its convs' other forms (form_choices, weight 0);
+        `choices`: those convs, each counted in the objective as the faster of its forms."""
         self.options = options or TuneOptions()
         self.target = target or Target.host()
         self.database = database
@@ -154,6 +159,15 @@ class TaskScheduler:
             TaskProgress(t, SearchPolicy(t.dag, self.model, self.target, self.options.params, self.options.seed + i))
             for i, t in enumerate(tasks)
         ]
+        index = {p.task.key: i for i, p in enumerate(self.progress)}
+        missing = sorted({t.name for c in choices for t in c.tasks if t.key not in index})
+        if missing:
+            raise ValueError(f"the form choices name tasks that are not tuned: {', '.join(missing)}")
+        self._choices = [tuple(index[t.key] for t in c.tasks) for c in choices]
+        # calls of each task that are no choice's: its weight less the choices whose rule form it is
+        self._fixed = [p.task.weight for p in self.progress]
+        for forms in self._choices:
+            self._fixed[forms[0]] -= 1
         self.resumed = 0
         self._sibling_lists: dict[int, list[TaskProgress]] = {}
         # per task, programs of sibling workloads the database holds (tuned for other models), ranked as _foreign does
@@ -240,11 +254,12 @@ class TaskScheduler:
         return live[int(best[self.rng.integers(len(best))])]
 
     def _gradient(self, i: int) -> float:
-        """d objective / d rounds for task i, as in Ansor's TaskScheduler (negative = the objective drops)."""
+        """d objective / d rounds for task i, as in Ansor's TaskScheduler (negative = the objective drops); where the
+        task is one form of a conv (FormChoice), by how much its expected latency would undercut the conv's fastest
+        form."""
         p = self.progress[i]
         if not math.isfinite(p.best):
             return 0.0
-        w = p.task.weight
         h = p.history
         backward = (h[-1] - h[-1 - WINDOW]) / WINDOW if len(h) > WINDOW else 0.0
         g_next_1 = p.best - p.best / max(p.rounds, 1)
@@ -252,7 +267,19 @@ class TaskScheduler:
         fastest = max(group_speed, default=0.0)  # 0 for data-movement tasks, which count no FLOPs
         g_next_2 = BETA * p.task.flop_count / fastest if fastest > 0 else math.inf
         forward = min(g_next_1, g_next_2) - p.best
-        return w * (ALPHA * backward + (1 - ALPHA) * forward)
+        step = ALPHA * backward + (1 - ALPHA) * forward  # the task's expected latency change in one more round
+        grad = self._fixed[i] * step
+        for forms in self._choices:
+            if i in forms:
+                other = min((self.progress[j].best for j in forms if j != i), default=math.inf)
+                grad += min(p.best + step, other) - min(p.best, other)
+        return grad
+
+    def calls(self, i: int) -> int:
+        """How many calls of the model task i makes with the programs found so far: its calls that are no choice's,
+        and those of the choices where its form is the fastest (the rule's form on a tie)."""
+        chosen = sum(1 for forms in self._choices if min(forms, key=lambda j: self.progress[j].best) == i)
+        return self._fixed[i] + chosen
 
     def _similar(self, p: TaskProgress) -> list[TaskProgress]:
         tag = _similarity_tag(p.task)
@@ -489,8 +516,10 @@ class TaskScheduler:
 
     @property
     def estimated_latency(self) -> float:
-        """Σ weight × best latency over tasks (inf while a task has no valid program)."""
-        return sum(p.task.weight * p.best for p in self.progress)
+        """Σ calls × best latency over tasks, a conv with a choice of forms at its fastest (inf while a task has no
+        valid program)."""
+        fixed = sum(f * p.best for f, p in zip(self._fixed, self.progress) if f)
+        return fixed + sum(min(self.progress[j].best for j in forms) for forms in self._choices)
 
     def table(self) -> str:
         rows = [
@@ -498,10 +527,10 @@ class TaskScheduler:
             f"{'weighted ms':>11} {'trials':>6} {'done':>4}"
         ]
         for k, p in enumerate(self.progress):
-            lat = p.best * 1e3
+            lat, calls = p.best * 1e3, self.calls(k)
             rows.append(
-                f"{k:>3} {p.task.name[:28]:<28} {p.task.flop_count / 1e6:>9.2f} {p.task.weight:>6} {p.gflops:>8.2f} "
-                f"{lat:>10.4f} {lat * p.task.weight:>11.4f} {p.trials:>6} {'yes' if p.done else '':>4}"
+                f"{k:>3} {p.task.name[:28]:<28} {p.task.flop_count / 1e6:>9.2f} {calls:>6} {p.gflops:>8.2f} "
+                f"{lat:>10.4f} {lat * calls if calls else 0.0:>11.4f} {p.trials:>6} {'yes' if p.done else '':>4}"
             )
         est = self.estimated_latency * 1e3
         missing = sum(1 for p in self.progress if not math.isfinite(p.best))

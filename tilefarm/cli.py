@@ -20,7 +20,7 @@ from compiler.lower import infer_bound, lower
 from compiler.passes import OPTIONAL_PASSES
 from compiler.state import apply_steps, initial_state, step_from_record
 from compiler.target import Target
-from compiler.tasks import WEIGHT_MODES
+from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES
 
 
 def _gemm(shape: list[int]):
@@ -276,7 +276,7 @@ def _open_database(url: str):
     return SQLDatabase(url, created_by=user)
 
 
-def _run_tuning(tasks, args: argparse.Namespace) -> int:
+def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     from compiler.measure import LocalBuilder, LocalRunner
     from compiler.records import JSONLinesDatabase
     from compiler.tune import TaskScheduler
@@ -310,7 +310,7 @@ def _run_tuning(tasks, args: argparse.Namespace) -> int:
         ) as runner,
     ):
         sched = TaskScheduler(
-            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live
+            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live, choices=choices
         )
         if args.resume:
             loaded = bool(args.model_file) and Path(args.model_file).exists()
@@ -352,17 +352,23 @@ def _cost_model(args: argparse.Namespace, database=None):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import constant_bytes, extract_tasks, weights_timed_cold
+    from compiler.tasks import constant_bytes, extract_tasks, form_choices, weights_timed_cold
 
     graph = _load_model(args.model, args.input_shapes)
     tasks, calls, _ = extract_tasks(graph, args.disable_pass)
     print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
+    extra, choices = form_choices(graph, tasks, calls, args.disable_pass) if args.conv_forms == "measure" else ([], [])
+    if choices:
+        print(
+            f"{len(choices)} convs can be compiled in another form: {len(extra)} more tasks tuned beside the model's "
+            "(weight 0 until faster); compile takes each conv's faster form"
+        )
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
         args.weights = "cold" if weights_timed_cold("auto", calls, l3) else "warm"
         mb, l3_mb = constant_bytes(calls) / 2**20, (l3 or 0) / 2**20
         print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
-    return _run_tuning(tasks, args)
+    return _run_tuning([*tasks, *extra], args, choices)
 
 
 def cmd_tune_kernel(args: argparse.Namespace) -> int:
@@ -477,6 +483,14 @@ def main(argv: list[str] | None = None) -> int:
             t.add_argument("model")
             t.add_argument("--input-shapes")
             _disable_pass_option(t)
+            t.add_argument(
+                "--conv-forms",
+                choices=CONV_FORM_MODES,
+                default="measure",
+                help="measure (default): tune each 3x3 stride-1 conv in its other form too (direct against Winograd "
+                "F(4x4), or F(2x2) against direct for small images), and compile takes the faster; rule: tune only "
+                "the form the winograd_convs pass gives by rule",
+            )
         else:
             t.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
             t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")

@@ -1,0 +1,217 @@
+"""A conv's form (direct, Winograd F(4x4) or F(2x2)) chosen by measurement: the forms a conv offers, the tasks of
+both, the task scheduler's objective over them, and compile taking the faster form by the records."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.build import build, choose_forms, run_in_process
+from compiler.default_schedule import default_schedule
+from compiler.onnx_frontend import load
+from compiler.passes import CONV_BLOCK, DIRECT, conv_forms, form_alternatives, optimize
+from compiler.records import WARM, JSONLinesDatabase, TuningRecord
+from compiler.runtime import Artifact
+from compiler.target import Target
+from compiler.tasks import extract_tasks, form_choices
+from compiler.tune import TaskScheduler, TuneOptions
+
+B = CONV_BLOCK
+
+
+def _conv(name, x, y, inits, rng, c, stride=1):
+    w = (rng.standard_normal((c, c, 3, 3)) / (3 * c**0.5)).astype(np.float32)
+    inits[f"{name}_w"] = w
+    inits[f"{name}_b"] = (rng.standard_normal(c) / 10).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, **attrs)
+
+
+def two_stage_model(seed: int = 0) -> onnx.ModelProto:
+    """A 3x3 conv + ReLU on a 16x16 image (16 tiles of 4x4: F(4x4) by rule, or direct), a stride-2 conv, a 3x3
+    conv + ReLU on the 8x8 result (4 tiles of 4x4 but 16 of 2x2: direct by rule, or F(2x2)), a stride-2 conv."""
+    rng, inits = np.random.default_rng(seed), {}
+    nodes = [
+        _conv("big", "x", "a", inits, rng, B),
+        helper.make_node("Relu", ["a"], ["ar"], name="big_relu"),
+        _conv("down", "ar", "d", inits, rng, B, stride=2),
+        _conv("small", "d", "s", inits, rng, B),
+        helper.make_node("Relu", ["s"], ["sr"], name="small_relu"),
+        _conv("tail", "sr", "y", inits, rng, B, stride=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, B, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, B, 4, 4])],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ops(g) -> dict[str, str]:
+    return {n.name: n.op for n in g.nodes if "Conv" in n.op}
+
+
+def test_each_3x3_stride_1_conv_offers_the_rule_form_and_one_other():
+    graph = load(two_stage_model())
+    convs = {n.name: conv_forms(n) for n in graph.nodes if n.op == "Conv"}
+    assert convs == {"big": (4, DIRECT), "small": (DIRECT, 2), "down": (), "tail": ()}
+    assert form_alternatives(graph) == {"big": (4, DIRECT), "small": (DIRECT, 2)}
+    assert form_alternatives(graph, ("winograd_convs",)) == {}
+    direct = {"down": "BlockedConv", "tail": "BlockedConv"}
+    assert _ops(optimize(graph)) == {"big": "WinogradConv", "small": "BlockedConv", **direct}
+    # forms by node name; a form the conv does not offer (F(2x2) for the 16x16 one, anything for the strided) is
+    # ignored
+    swapped = optimize(graph, forms={"big": DIRECT, "small": 2, "down": 4})
+    assert _ops(swapped) == {"big": "BlockedConv", "small": "WinogradConv", **direct}
+    assert _ops(optimize(graph, forms={"big": 2})) == _ops(optimize(graph))
+    f2 = next(n for n in swapped.nodes if n.name == "small")
+    assert f2.inputs[1].shape[:2] == (4, 4)  # the weight transformed for 4x4 input tiles: F(2x2, 3x3)
+
+
+def test_a_conv_whose_form_would_move_its_neighbours_offers_no_choice():
+    # at the model's output a WinogradConv's blocked result needs a conversion, and its ReLU would go with that
+    model = two_stage_model()
+    del model.graph.node[-1]
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("sr", TensorProto.FLOAT, [1, B, 8, 8]))
+    graph = load(model)
+    tasks, calls, _ = extract_tasks(graph)
+    assert "small" in form_alternatives(graph)
+    assert [c.node for c in form_choices(graph, tasks, calls)[1]] == ["big"]
+
+
+def test_a_conv_whose_name_is_not_unique_keeps_the_rule():
+    model = two_stage_model()
+    for n in model.graph.node:
+        if n.name == "small":
+            n.name = "big"
+    graph = load(model)
+    assert form_alternatives(graph) == {}
+
+
+def test_every_form_computes_the_model():
+    model = two_stage_model(1)
+    x = np.random.default_rng(1).standard_normal((1, B, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = load(model)
+    # the default schedules of every form's tasks, called as the plan says
+    for forms in ({}, {"big": DIRECT, "small": 2}, {"small": 2}):
+        tasks, calls, _ = extract_tasks(graph, forms=forms)
+        got = _run(graph, tasks, calls, forms, x)
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5, forms
+
+
+def _run(graph, tasks, calls, forms, x):
+    from compiler.codegen import compile_funcs
+    from compiler.lower import lower
+
+    kernels = compile_funcs([lower(default_schedule(t.dag), f"k{i}") for i, t in enumerate(tasks)])
+    names = {t.key: f"k{i}" for i, t in enumerate(tasks)}
+    arrays = {}
+    for c in calls:
+        for v in c.args:
+            if id(v) not in arrays:
+                if v.name == "x":
+                    arrays[id(v)] = x
+                else:
+                    arrays[id(v)] = np.ascontiguousarray(v.const) if v.const is not None else np.empty(v.shape, v.dtype)
+        kernels[names[c.task.key]](*(arrays[id(v)] for v in c.args))
+    return arrays[id(calls[-1].args[-1])]
+
+
+def test_form_choices_name_both_tasks_and_the_plan_calls_the_others_zero_times():
+    graph = load(two_stage_model())
+    tasks, calls, _ = extract_tasks(graph)
+    extra, choices = form_choices(graph, tasks, calls)
+    assert [(c.node, c.forms) for c in choices] == [("big", (4, DIRECT)), ("small", (DIRECT, 2))]
+    keys = {t.key for t in tasks}
+    for c in choices:
+        assert c.tasks[0].key in keys and c.tasks[1].key not in keys
+    assert [t.weight for t in extra] == [0, 0] and {t.key for t in extra} == {c.tasks[1].key for c in choices}
+    assert [t.name for t in extra] == ["fused_blockedconv_relu", "fused_winogradconv_relu"]
+    # every call names the nodes it computes
+    assert any(c.nodes == ("big", "big_relu") for c in calls)
+
+
+def _scheduler(tmp_path):
+    graph = load(two_stage_model())
+    tasks, calls, _ = extract_tasks(graph)
+    extra, choices = form_choices(graph, tasks, calls)
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    sched = TaskScheduler([*tasks, *extra], db, TuneOptions(trials=1), choices=choices)
+    index = {p.task.key: i for i, p in enumerate(sched.progress)}
+    return sched, [tuple(index[t.key] for t in c.tasks) for c in choices]
+
+
+def test_the_objective_counts_a_conv_once_at_its_faster_form(tmp_path):
+    sched, (big, small) = _scheduler(tmp_path)
+    try:
+        others = [i for i in range(len(sched.progress)) if i not in {*big, *small}]
+        for i, p in enumerate(sched.progress):
+            p.best, p.rounds, p.history = 1e-3 * (i + 1), 1, [1e-3 * (i + 1)]
+        rest = sum(sched.progress[i].task.weight * sched.progress[i].best for i in others)
+        want = rest + min(sched.progress[j].best for j in big) + min(sched.progress[j].best for j in small)
+        assert math.isclose(sched.estimated_latency, want)
+        for forms in (big, small):
+            fast, slow = sorted(forms, key=lambda j: sched.progress[j].best)
+            assert (sched.calls(fast), sched.calls(slow)) == (1, 0)
+        # a form far slower than the other, whose next round cannot be expected to undercut it, lowers nothing
+        rule, other = big
+        sched.progress[rule].best, sched.progress[other].best = 1e-3, 1.0
+        sched.progress[other].rounds, sched.progress[other].history = 5, [1.0] * 5
+        assert sched._gradient(other) == 0.0 and sched._gradient(rule) < 0
+        assert sched.calls(rule) == 1 and sched.calls(other) == 0
+        # one without a valid program yet leaves the conv to the other form
+        sched.progress[other].best = math.inf
+        assert math.isfinite(sched.estimated_latency)
+    finally:
+        sched.close()
+
+
+def _record(task, cost: float) -> TuningRecord:
+    here = Target.host()
+    steps = tuple(s.record() for s in default_schedule(task.dag).steps)
+    return TuningRecord(task.key, _target_name(here), here.fingerprint(), steps, (cost,), cache=WARM)
+
+
+def _target_name(target):
+    from compiler.build import target_name
+
+    return target_name(target)
+
+
+def test_compile_takes_the_form_whose_record_is_faster_and_computes_the_model(tmp_path):
+    model = two_stage_model(2)
+    graph = load(model)
+    tasks, calls, _ = extract_tasks(graph)
+    _, choices = form_choices(graph, tasks, calls)
+    big, small = choices
+    x = np.random.default_rng(2).standard_normal((1, B, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    here = Target.host()
+    cases = [
+        # (rule form's cost, other form's cost) per conv -> the forms compile departs to
+        ([(1e-3, 2e-3), (1e-3, 5e-4)], {"small": 2}),
+        ([(2e-3, 1e-3), (5e-4, 1e-3)], {"big": DIRECT}),
+        ([(1e-3, None), (None, 1e-4)], {}),  # a form without a record: the rule
+    ]
+    for k, (costs, forms) in enumerate(cases):
+        db = JSONLinesDatabase(tmp_path / f"r{k}.jsonl")
+        for c, pair in zip((big, small), costs):
+            for t, cost in zip(c.tasks, pair):
+                if cost is not None:
+                    db.commit(_record(t, cost))
+        assert choose_forms(graph, tasks, calls, db, here) == forms
+        info = build(graph, tmp_path / f"m{k}.tar", name="m", records=db)
+        meta = Artifact.load(tmp_path / f"m{k}.tar").meta
+        assert info.forms == forms and meta["conv_forms"] == forms
+        art = Artifact.load(tmp_path / f"m{k}.tar")
+        assert np.max(np.abs(art.run({"x": x})["y"] - want)) / np.max(np.abs(want)) < 1e-5
+        assert np.allclose(run_in_process(graph, {"x": x}, db)["y"], art.run({"x": x})["y"], rtol=1e-6, atol=1e-6)
+        # where both forms were timed, the chosen plan's conv tasks found their records
+        assert k == 2 or all(t["record"] for t in meta["tasks"] if t["name"].endswith("conv_relu"))
