@@ -27,6 +27,7 @@ from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import extract
 from compiler.measure import LocalBuilder, LocalRunner
+from compiler.passes import form_name
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
@@ -234,7 +235,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     extra = _report_search(sched, prior_s)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
     medians, rel = timed["medians_s"], timed["max_rel_diff"]
-    departed = ", ".join(f"{node} {'direct' if m == 0 else f'F({m}x{m})'}" for node, m in timed["conv_forms"].items())
+    departed = ", ".join(f"{node} {form_name(m)}" for node, m in timed["conv_forms"].items())
     print(f"    convs compiled in the other form than the rule's, by the records: {departed or 'none'}")
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"

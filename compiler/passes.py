@@ -187,6 +187,10 @@ def conv_forms(n: Node) -> tuple[int, ...]:
     return (DIRECT,)
 
 
+def form_name(m: int) -> str:
+    return "direct" if m == DIRECT else f"Winograd F({m}x{m})"
+
+
 def winograd_convs(g: Graph, forms: Mapping[str, int] | None = None) -> Graph:
     """A 3x3 stride-1 Conv with a constant weight becomes a WinogradConv (compiler.ops.winograd) with its weight
     transformed at compile time in the form `conv_forms` gives first (F(4x4) where the image has at least

@@ -215,3 +215,30 @@ def test_compile_takes_the_form_whose_record_is_faster_and_computes_the_model(tm
         assert np.allclose(run_in_process(graph, {"x": x}, db)["y"], art.run({"x": x})["y"], rtol=1e-6, atol=1e-6)
         # where both forms were timed, the chosen plan's conv tasks found their records
         assert k == 2 or all(t["record"] for t in meta["tasks"] if t["name"].endswith("conv_relu"))
+
+
+def test_tilefarm_tune_measures_both_forms_and_compile_uses_them(tmp_path, capsys):
+    from compiler.records import read_records
+    from tilefarm.cli import main
+
+    path, records = tmp_path / "m.onnx", tmp_path / "r.jsonl"
+    onnx.save(two_stage_model(3), path)
+    graph = load(onnx.load(path))
+    tasks, calls, _ = extract_tasks(graph)
+    extra, _ = form_choices(graph, tasks, calls)
+    tune = ["tune", str(path), "--records", str(records), "--per-round", "2", "--population", "16", "--threads", "1"]
+    # every task's first round is 2 programs: the model's 4 tasks, then the 2 convs' other forms
+    assert main([*tune, "--trials", "12", "--retime-best", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "2 convs can be compiled in another form: 2 more tasks" in out
+    tuned = {r.workload_key for r in read_records(records)}
+    assert tuned == {t.key for t in [*tasks, *extra]}
+    assert main(["compile", str(path), "-o", str(tmp_path / "m.tar"), "--records", str(records)]) == 0
+    meta = Artifact.load(tmp_path / "m.tar").meta
+    assert set(meta["conv_forms"]) <= {"big", "small"}
+    assert ("in another form than the rule's" in capsys.readouterr().out) == bool(meta["conv_forms"])
+    # --conv-forms rule tunes the model's own tasks only
+    records.unlink()
+    assert main([*tune, "--trials", "8", "--retime-best", "0", "--conv-forms", "rule"]) == 0
+    assert "another form" not in capsys.readouterr().out
+    assert {r.workload_key for r in read_records(records)} == {t.key for t in tasks}

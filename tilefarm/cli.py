@@ -137,6 +137,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
         f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
     )
+    if info.forms:
+        from compiler.passes import form_name
+
+        forms = ", ".join(f"{node} {form_name(m)}" for node, m in info.forms.items())
+        print(f"convs in another form than the rule's, faster in the records: {forms}")
     return 0
 
 
