@@ -73,10 +73,12 @@ def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
     feeds = batch1_inputs(model)
     graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
     with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
-        arts, forms = {}, {}
+        arts = {}
         for label, db in (("tilefarm-tuned", JSONLinesDatabase(records)), ("tilefarm-untuned", None)):
-            forms = build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=db).forms or forms
+            info = build(graph, Path(tmp) / f"{label}.tar", name="resnet18", records=db)
             arts[label] = Artifact.load(Path(tmp) / f"{label}.tar")
+            if db is not None:
+                forms = info.forms  # the convs the records moved to their other form
         ort_fn = ort_session(model, threads)
         _, rel = difference(arts["tilefarm-tuned"].run(feeds), ort_fn(feeds))
         systems = {k: (lambda a=a: a.run(feeds)) for k, a in arts.items()}
