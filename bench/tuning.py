@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import extract
 from compiler.measure import LocalBuilder, LocalRunner
-from compiler.passes import form_name
+from compiler.passes import describe_forms
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
@@ -47,7 +48,7 @@ def _tune(
     cache_flush: bool = False,
     share_siblings: bool = True,
     cold_constants: bool = False,
-    choices: list[FormChoice] | None = None,
+    choices: Sequence[FormChoice] = (),
 ) -> tuple[TaskScheduler, float]:
     """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none)."""
     from compiler.search import SearchParams
@@ -70,7 +71,7 @@ def _tune(
     )
     with LocalBuilder() as builder, runner:
         t0 = time.perf_counter()
-        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices or ())
+        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices)
         prior_s = 0.0
         if resume:
             stamps = [r.timestamp for r in db]
@@ -235,8 +236,8 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     extra = _report_search(sched, prior_s)
     timed = in_fresh_process("resnet18", "-", path, threads, args.repeat)
     medians, rel = timed["medians_s"], timed["max_rel_diff"]
-    departed = ", ".join(f"{node} {form_name(m)}" for node, m in timed["conv_forms"].items())
-    print(f"    convs compiled in the other form than the rule's, by the records: {departed or 'none'}")
+    departed = describe_forms(timed["conv_forms"]) or "none"
+    print(f"    convs compiled in the other form than the rule's, by the records: {departed}")
     for system, sec in sorted(medians.items()):
         tuned = system == "tilefarm-tuned"
         row = {

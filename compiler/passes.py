@@ -187,8 +187,9 @@ def conv_forms(n: Node) -> tuple[int, ...]:
     return (DIRECT,)
 
 
-def form_name(m: int) -> str:
-    return "direct" if m == DIRECT else f"Winograd F({m}x{m})"
+def describe_forms(forms: Mapping[str, int]) -> str:
+    """Convs' forms by node name, as text: "conv_151 Winograd F(2x2), conv_9 direct"."""
+    return ", ".join(f"{node} {'direct' if m == DIRECT else f'Winograd F({m}x{m})'}" for node, m in forms.items())
 
 
 def winograd_convs(g: Graph, forms: Mapping[str, int] | None = None) -> Graph:

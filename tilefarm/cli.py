@@ -138,10 +138,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
     )
     if info.forms:
-        from compiler.passes import form_name
+        from compiler.passes import describe_forms
 
-        forms = ", ".join(f"{node} {form_name(m)}" for node, m in info.forms.items())
-        print(f"convs in another form than the rule's, faster in the records: {forms}")
+        print(f"convs in another form than the rule's, faster in the records: {describe_forms(info.forms)}")
     return 0
 
 
