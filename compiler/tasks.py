@@ -152,7 +152,7 @@ def form_choices(
             continue
         # a task the plan lacks is called 0 times by it: only in place of the rule's form, if compile picks it
         other = known.get(other.key) or extra.setdefault(other.key, replace(other, weight=0))
-        choices.append(FormChoice(name, forms[:2], (known[rule.key], other)))
+        choices.append(FormChoice(name, forms, (known[rule.key], other)))
     return list(extra.values()), choices
 
 
