@@ -206,22 +206,24 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     from bench.models import batch1_inputs
     from compiler.examples import EXAMPLES
     from compiler.onnx_frontend import load
-    from compiler.tasks import extract_tasks, form_choices
+    from compiler.tasks import tuning_plan
 
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
-    graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
-    tasks, calls, _ = extract_tasks(graph)
-    other_forms, choices = form_choices(graph, tasks, calls) if args.model_conv_forms == "measure" else ([], [])
+    plan = tuning_plan(load(model, {k: list(v.shape) for k, v in feeds.items()}), conv_forms=args.model_conv_forms)
+    calls = plan.calls
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
-    print(f"  {threads} thr: tuning {len(tasks)} tasks, {args.model_trials} trials -> {path}")
-    if choices:
-        print(f"    and {len(other_forms)} tasks of {len(choices)} convs' other forms (compile takes the faster form)")
+    print(f"  {threads} thr: tuning {len(plan.tasks)} tasks, {args.model_trials} trials -> {path}")
+    if plan.choices:
+        print(
+            f"    and {len(plan.other_forms)} tasks of {len(plan.choices)} convs' other forms "
+            "(compile takes the faster form)"
+        )
     flush = args.model_cache_flush
     cold = weights_timed_cold(args.model_weights, calls, Target.host().l3_bytes)
     print(f"    weights {constant_bytes(calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
-        [*tasks, *other_forms],
+        plan.all_tasks,
         args.model_trials,
         threads,
         path,
@@ -230,7 +232,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
         cache_flush=flush,
         share_siblings=not args.no_sibling_sharing,
         cold_constants=cold,
-        choices=choices,
+        choices=plan.choices,
     )
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched, prior_s)

@@ -26,7 +26,15 @@ from compiler.passes import Group, check_disabled, plan_memory
 from compiler.records import CACHE_CONDITIONS, COLD_WEIGHTS, WARM, Database, TuningRecord
 from compiler.state import State, apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import Call, Task, constant_bytes, extract_tasks, form_choices, weights_exceed_cache
+from compiler.tasks import (
+    Call,
+    Task,
+    chosen_form,
+    constant_bytes,
+    extract_tasks,
+    form_choices,
+    weights_exceed_cache,
+)
 
 
 @dataclass
@@ -205,7 +213,8 @@ def choose_forms(
 ) -> dict[str, int]:
     """The convs of the plan (`tasks`, `calls` from extract_tasks) to compile in their other form
     (tasks.form_choices), by node name: those where both forms' tasks have a record here that replays in the same
-    cache condition (the first of `prefer` in which both have one) and the other form's is faster. The rest keep the
+    cache condition (the first of `prefer` in which both have one) and the other form's is faster by more than
+    tasks.FORM_MARGIN. The rest keep the
     rule's form, as without records. The choice is made per host by what was measured on it: which form is faster
     depends on the caches against the transformed weight and on the thread count."""
     _, choices = form_choices(graph, tasks, calls, disabled_passes)
@@ -214,9 +223,9 @@ def choose_forms(
         for cache in prefer:
             found = [best_replaying(t, database, target, (cache,)) for t in c.tasks]
             if all(found):
-                rule, other = (rec.mean_cost for rec, _ in found)
-                if other < rule:
-                    chosen[c.node] = c.forms[1]
+                form = chosen_form([rec.mean_cost for rec, _ in found])
+                if form:
+                    chosen[c.node] = c.forms[form]
                 break
     return chosen
 

@@ -7,7 +7,7 @@ graph values it reads and writes in the order of the task's kernel parameters.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from compiler import ops, te
@@ -158,6 +158,45 @@ def form_choices(
 
 CONV_FORM_MODES = ("measure", "rule")  # tune convs' other forms too (form_choices), or only the rule's
 WEIGHT_MODES = ("auto", "cold", "warm")  # how tuning times a model's weights (`weights_timed_cold`)
+
+# compile leaves a conv's rule form only for one at least this much faster by the records. Closer than that is a tie
+# that the next tuning run may settle the other way: ResNet-18's 7x7-stage conv tuned with the model timed F(2x2)
+# within 0.3-2% of direct on a Zen 5, and tuned alone F(2x2) 6% faster at 1 thread but direct 22% faster at 2
+# (bench/results/winograd-f2-7x7-cold-zen5-2026-11-26.txt); a tie goes to the rule
+FORM_MARGIN = 0.03
+
+
+def chosen_form(costs: Sequence[float]) -> int:
+    """Which of a conv's forms compile takes, given each one's best cost (the rule's first; inf: none valid): the
+    fastest if it beats the rule's by more than FORM_MARGIN, else the rule's (0)."""
+    fastest = min(range(len(costs)), key=costs.__getitem__)
+    return fastest if costs[fastest] < costs[0] * (1 - FORM_MARGIN) else 0
+
+
+@dataclass
+class TuningPlan:
+    """What tuning a model covers: the tasks of its plan and its calls (extract_tasks), and with conv forms measured
+    the tasks of its convs' other forms (weight 0: the plan does not call them) with those convs' choices."""
+
+    tasks: list[Task]
+    calls: list[Call]
+    other_forms: list[Task]
+    choices: list[FormChoice]
+
+    @property
+    def all_tasks(self) -> list[Task]:
+        """Every task to tune, the plan's first: the order of a model's task positions in the service."""
+        return [*self.tasks, *self.other_forms]
+
+
+def tuning_plan(graph: Graph, disabled_passes: Collection[str] = (), conv_forms: str = "measure") -> TuningPlan:
+    """The tasks to tune for `graph`: its plan's, and with `conv_forms` "measure" its convs' other forms too
+    (form_choices), so that compile can take each conv's faster form on the host the records come from."""
+    if conv_forms not in CONV_FORM_MODES:
+        raise ValueError(f"conv_forms: expected one of {', '.join(CONV_FORM_MODES)}, got {conv_forms!r}")
+    tasks, calls, _ = extract_tasks(graph, disabled_passes)
+    other_forms, choices = form_choices(graph, tasks, calls, disabled_passes) if conv_forms == "measure" else ([], [])
+    return TuningPlan(tasks, calls, other_forms, choices)
 
 
 def constant_bytes(calls: list[Call]) -> int:

@@ -37,7 +37,7 @@ from compiler.records import CACHE_CONDITIONS, Database, TuningRecord, training_
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import FormChoice, Task
+from compiler.tasks import FormChoice, Task, chosen_form
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
@@ -277,9 +277,12 @@ class TaskScheduler:
 
     def calls(self, i: int) -> int:
         """How many calls of the model task i makes with the programs found so far: its calls that are no choice's,
-        and those of the choices where its form is the fastest (the rule's form on a tie)."""
-        chosen = sum(1 for forms in self._choices if min(forms, key=lambda j: self.progress[j].best) == i)
-        return self._fixed[i] + chosen
+        and those of the choices where its form is the one compile would take (tasks.chosen_form)."""
+        return self._fixed[i] + sum(1 for forms in self._choices if self._chosen(forms) == i)
+
+    def _chosen(self, forms: tuple[int, ...]) -> int:
+        """The task of a conv's forms that compile would take by the programs found so far."""
+        return forms[chosen_form([self.progress[j].best for j in forms])]
 
     def _similar(self, p: TaskProgress) -> list[TaskProgress]:
         tag = _similarity_tag(p.task)
@@ -516,10 +519,10 @@ class TaskScheduler:
 
     @property
     def estimated_latency(self) -> float:
-        """Σ calls × best latency over tasks, a conv with a choice of forms at its fastest (inf while a task has no
-        valid program)."""
+        """Σ calls × best latency over tasks, a conv with a choice of forms at the one compile would take (inf while a
+        task has no valid program)."""
         fixed = sum(f * p.best for f, p in zip(self._fixed, self.progress) if f)
-        return fixed + sum(min(self.progress[j].best for j in forms) for forms in self._choices)
+        return fixed + sum(self.progress[self._chosen(forms)].best for forms in self._choices)
 
     def table(self) -> str:
         rows = [

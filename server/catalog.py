@@ -21,7 +21,7 @@ from compiler.build import cache_preference, target_name
 from compiler.dag import ComputeDAG
 from compiler.onnx_frontend import load, parse_input_shapes
 from compiler.target import Target
-from compiler.tasks import Task, constant_bytes, extract_tasks
+from compiler.tasks import Task, constant_bytes, tuning_plan
 from compiler.tune import TRIALS_PER_TASK, coverage
 from server import storage
 from server.database import SQLDatabase, this_host
@@ -156,8 +156,9 @@ def register_model(
             if model is not None:
                 return model_view(session, settings, model), True
         # bytes, not the path: the frontend's messages would name the server's storage folder
-        graph = load(upload.path.read_bytes(), input_shapes)
-        tasks, calls, _ = extract_tasks(graph)
+        # the tasks a job tunes, its convs' other forms included (weight 0), as `tilefarm tune` does by default
+        plan = tuning_plan(load(upload.path.read_bytes(), input_shapes))
+        tasks = plan.all_tasks
         records_db(settings.database_url).describe_workloads(tasks)  # committed on its own: shared, idempotent
         path, created = storage.keep(settings, upload)
         try:
@@ -169,7 +170,7 @@ def register_model(
                     size_bytes=upload.size,
                     path=str(path),
                     input_shapes=input_shapes,
-                    weights_bytes=constant_bytes(calls),
+                    weights_bytes=constant_bytes(plan.calls),
                 )
                 session.add(model)
                 session.flush()
@@ -243,7 +244,7 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
         return [Task(w.key, workload_dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
     except dag_json.DAGFormatError:
         graph = load(storage.resolve(settings, model.path).read_bytes(), model.input_shapes)
-        return extract_tasks(graph)[0]
+        return tuning_plan(graph).all_tasks
 
 
 def coverage_view(

@@ -159,7 +159,8 @@ class UploadedModel(Base):
 
 
 class ModelTask(Base):
-    """Task `position` of a model (the order `extract_tasks` gives) is a workload called `weight` times."""
+    """Task `position` of a model (the order `tuning_plan` gives: the plan's tasks, then its convs' other forms) is a
+    workload called `weight` times (0: a conv's other form, called only where compile finds it faster)."""
 
     __tablename__ = "model_tasks"
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)

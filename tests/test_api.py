@@ -16,7 +16,7 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from compiler.build import build, target_name
 from compiler.onnx_frontend import load
@@ -170,6 +170,38 @@ def test_upload_model_tasks_coverage_and_dedupe(client, settings, tiny_cnn, mode
 
     shaped = upload(client, tiny_cnn[:-1] + tiny_cnn[-1:], name="named", input_shapes='{"input": [1, 3, 32, 32]}')
     assert shaped.json()["duplicate"] is True  # same bytes: the existing model, whatever the fields say
+
+
+def test_a_models_tasks_end_with_its_convs_other_forms_at_weight_0(client, settings):
+    """As `tilefarm tune` does, a job tunes each conv's other form too (compile takes the faster): the model's task
+    positions are the plan's tasks, then those forms; rows stored before they were listed are rewritten by the job."""
+    from compiler.tasks import tuning_plan
+    from server.models import ModelTask
+    from tests.test_conv_forms import two_stage_model
+    from workers.progress import ensure_model_tasks
+
+    model = two_stage_model()
+    plan = tuning_plan(load(model))
+    r = upload(client, model.SerializeToString(), "two_stage.onnx")
+    assert r.status_code == 201, r.text
+    tasks = r.json()["tasks"]
+    assert [t["workload_key"] for t in tasks] == [t.key for t in plan.all_tasks]
+    assert [t["weight"] for t in tasks[len(plan.tasks) :]] == [0, 0] and all(t["weight"] for t in tasks[:-2])
+    assert r.json()["coverage"]["trials_needed"] == 800 * len(tasks)
+
+    def stored() -> list[tuple[int, int]]:
+        with session_scope(settings, write=False) as s:
+            q = select(ModelTask.position, ModelTask.weight).where(ModelTask.model_id == r.json()["id"])
+            return sorted(s.execute(q).all())
+
+    want = [(t["position"], t["weight"]) for t in tasks]
+    with session_scope(settings) as s:  # as a model registered when only the plan's tasks were listed
+        s.execute(delete(ModelTask).where(ModelTask.model_id == r.json()["id"], ModelTask.weight == 0))
+    assert stored() == want[:-2]
+    ensure_model_tasks(settings, r.json()["id"], plan.all_tasks)
+    assert stored() == want
+    ensure_model_tasks(settings, r.json()["id"], plan.all_tasks)  # already as given: left alone
+    assert stored() == want
 
 
 def test_coverage_counts_the_records_of_the_host(client, model):

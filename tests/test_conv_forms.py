@@ -8,6 +8,7 @@ import math
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.build import build, choose_forms, run_in_process, target_name
@@ -17,7 +18,7 @@ from compiler.passes import CONV_BLOCK, DIRECT, conv_forms, form_alternatives, o
 from compiler.records import WARM, JSONLinesDatabase, TuningRecord
 from compiler.runtime import Artifact
 from compiler.target import Target
-from compiler.tasks import extract_tasks, form_choices
+from compiler.tasks import chosen_form, extract_tasks, form_choices, tuning_plan
 from compiler.tune import TaskScheduler, TuneOptions
 
 B = CONV_BLOCK
@@ -108,6 +109,20 @@ def test_form_choices_name_both_tasks_and_the_plan_calls_the_others_zero_times()
     assert any(c.nodes == ("big", "big_relu") for c in calls)
 
 
+def test_tuning_plan_lists_the_plans_tasks_then_the_other_forms():
+    graph = load(two_stage_model())
+    tasks, calls, _ = extract_tasks(graph)
+    extra, choices = form_choices(graph, tasks, calls)
+    plan = tuning_plan(graph)
+    assert [t.key for t in plan.all_tasks] == [t.key for t in [*tasks, *extra]] and len(plan.calls) == len(calls)
+    assert [c.node for c in plan.choices] == [c.node for c in choices]
+    rule = tuning_plan(graph, conv_forms="rule")
+    assert rule.other_forms == [] and rule.choices == [] and [t.key for t in rule.all_tasks] == [t.key for t in tasks]
+    assert tuning_plan(graph, ("winograd_convs",)).choices == []
+    with pytest.raises(ValueError, match="conv_forms: expected one of measure, rule"):
+        tuning_plan(graph, conv_forms="fastest")
+
+
 def _scheduler(tmp_path):
     graph = load(two_stage_model())
     tasks, calls, _ = extract_tasks(graph)
@@ -180,6 +195,21 @@ def test_compile_takes_the_form_whose_record_is_faster_and_computes_the_model(tm
         assert np.allclose(run_in_process(graph, {"x": x}, db)["y"], art.run({"x": x})["y"], rtol=1e-6, atol=1e-6)
         # where both forms were timed, the chosen plan's conv tasks found their records
         assert k == 2 or all(t["record"] for t in meta["tasks"] if t["name"].endswith("conv_relu"))
+
+
+def test_a_tie_between_forms_keeps_the_rules(tmp_path):
+    graph = load(two_stage_model(2))
+    tasks, calls, _ = extract_tasks(graph)
+    big, small = form_choices(graph, tasks, calls)[1]
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    # the other form 1% faster for one conv, 5% for the other: only the second is past FORM_MARGIN
+    for c, (rule, other) in zip((big, small), [(1e-3, 0.99e-3), (1e-3, 0.95e-3)]):
+        db.commit(_record(c.tasks[0], rule))
+        db.commit(_record(c.tasks[1], other))
+    assert choose_forms(graph, tasks, calls, db, Target.host()) == {"small": 2}
+    assert [chosen_form(c) for c in ([1.0, 0.98], [1.0, 0.9], [math.inf, 1.0], [1.0, math.inf], [math.inf] * 2)] == [
+        0, 1, 1, 0, 0
+    ]  # fmt: skip
 
 
 def test_tilefarm_tune_measures_both_forms_and_compile_uses_them(tmp_path, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +116,21 @@ class Farm:
             assert job is not None
             return job
 
+    def add_model(self, name: str, data: bytes, input_shapes: dict | None = None) -> int:
+        """A model of the team in the storage folder, with no task rows yet (the job's search writes them)."""
+        sha = hashlib.sha256(data).hexdigest()
+        stored = self.settings.storage / "models" / f"{sha}.onnx"
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_bytes(data)
+        with session_scope(self.settings) as s:
+            m = UploadedModel(
+                team_id=self.team_id, sha256=sha, name=name, size_bytes=len(data), path=str(stored),
+                input_shapes=input_shapes,
+            )  # fmt: skip
+            s.add(m)
+            s.flush()
+            return m.id
+
     def new_job(self, trials: int, per_round: int = 8, model_id: int | None = None) -> int:
         with session_scope(self.settings) as s:
             job = Job(
@@ -153,22 +167,12 @@ def farm(tmp_path_factory):
     f = Farm(root)
     model = root / "tiny_cnn.onnx"
     examples.save("tiny_cnn", model)
-    data = model.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    stored = f.settings.storage / "models" / f"{sha}.onnx"
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model, stored)
     with session_scope(f.settings) as s:
         team = Team(name="test")
         s.add(team)
         s.flush()
-        m = UploadedModel(
-            team_id=team.id, sha256=sha, name="tiny_cnn.onnx", size_bytes=len(data), path=str(stored),
-            input_shapes=INPUT_SHAPES,
-        )  # fmt: skip
-        s.add(m)
-        s.flush()
-        f.team_id, f.model_id = team.id, m.id
+        f.team_id = team.id
+    f.model_id = f.add_model("tiny_cnn.onnx", model.read_bytes(), INPUT_SHAPES)
     try:
         f.start("search1", "search")
         f.start("measure1", "measure")
@@ -231,6 +235,34 @@ def test_job_runs_to_the_end(farm):
     assert workers["search1@test"].kind == "search" and workers["search1@test"].queues == ["search"]
     assert workers["measure1@test"].queues == [farm.queue]
     assert workers["measure1@test"].target == dataclasses.asdict(Target.host())
+
+
+def test_a_job_tunes_each_convs_other_form_and_counts_the_faster(farm):
+    """As `tilefarm tune`: the tasks of convs' other forms are tuned beside the model's (weight 0), and the estimate
+    counts each such conv once, at the form compile would take (the faster, unless a tie)."""
+    from compiler.onnx_frontend import load
+    from compiler.tasks import chosen_form, tuning_plan
+    from tests.test_conv_forms import two_stage_model
+
+    model = two_stage_model()
+    plan = tuning_plan(load(model))
+    job_id = farm.new_job(trials=24, per_round=4, model_id=farm.add_model("two_stage.onnx", model.SerializeToString()))
+    job = farm.wait_state(job_id, "succeeded", timeout=150)
+    rows = job.tasks
+    assert [(r["name"], r["weight"]) for r in rows] == [(t.name, t.weight) for t in plan.all_tasks]
+    assert [r["weight"] for r in rows[len(plan.tasks) :]] == [0, 0]
+    assert all(r["trials"] > 0 and r["latency_s"] for r in rows)  # the warm-up measures every task: 6 rounds of 4
+    position = {t.key: i for i, t in enumerate(plan.all_tasks)}
+    choices = [[position[t.key] for t in c.tasks] for c in plan.choices]
+    calls = [r["weight"] for r in rows]
+    for rule, _ in choices:
+        calls[rule] -= 1
+    fixed = sum(n * r["latency_s"] for n, r in zip(calls, rows))
+    chosen = sum(rows[forms[chosen_form([rows[j]["latency_s"] for j in forms])]]["latency_s"] for forms in choices)
+    assert job.estimated_latency == pytest.approx(fixed + chosen, rel=1e-6)
+    with session_scope(farm.settings, write=False) as s:
+        q = select(ModelTask.weight).where(ModelTask.model_id == job.model_id).order_by(ModelTask.position)
+        assert list(s.scalars(q)) == [t.weight for t in plan.all_tasks]
 
 
 def test_compile_artifact(farm):

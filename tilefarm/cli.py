@@ -356,23 +356,22 @@ def _cost_model(args: argparse.Namespace, database=None):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import constant_bytes, extract_tasks, form_choices, weights_timed_cold
+    from compiler.tasks import constant_bytes, tuning_plan, weights_timed_cold
 
-    graph = _load_model(args.model, args.input_shapes)
-    tasks, calls, _ = extract_tasks(graph, args.disable_pass)
-    print(f"{args.model}: {len(tasks)} tasks, {len(calls)} kernel calls")
-    extra, choices = form_choices(graph, tasks, calls, args.disable_pass) if args.conv_forms == "measure" else ([], [])
-    if choices:
+    plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
+    calls = plan.calls
+    print(f"{args.model}: {len(plan.tasks)} tasks, {len(calls)} kernel calls")
+    if plan.choices:
         print(
-            f"{len(choices)} convs can be compiled in another form: {len(extra)} more tasks tuned beside the model's "
-            "(weight 0 until faster); compile takes each conv's faster form"
+            f"{len(plan.choices)} convs can be compiled in another form: {len(plan.other_forms)} more tasks tuned "
+            "beside the model's (weight 0 until faster); compile takes each conv's faster form"
         )
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
         args.weights = "cold" if weights_timed_cold("auto", calls, l3) else "warm"
         mb, l3_mb = constant_bytes(calls) / 2**20, (l3 or 0) / 2**20
         print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
-    return _run_tuning([*tasks, *extra], args, choices)
+    return _run_tuning(plan.all_tasks, args, plan.choices)
 
 
 def cmd_tune_kernel(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from server.catalog import is_alive
 from server.db import session_scope
@@ -190,13 +190,23 @@ def restarted(settings: Settings, worker: str) -> list[tuple[int, int]]:
 
 
 def ensure_model_tasks(settings: Settings, model_id: int, tasks: list) -> None:
-    """The model's task rows (position, workload, name, weight), written once; the workloads must be described."""
+    """The model's task rows (position, workload, name, weight) as `tasks` gives them; the workloads must be
+    described. Rows written by another compiler version (a model registered before its convs' other forms were
+    tuned, say) are rewritten, since the job's positions are those of `tasks`."""
+    keys = [t.key for t in tasks]
     with session_scope(settings) as s:
-        if s.scalars(select(ModelTask).where(ModelTask.model_id == model_id).limit(1)).first() is not None:
+        stored = s.execute(
+            select(Workload.key)
+            .join(ModelTask, ModelTask.workload_id == Workload.id)
+            .where(ModelTask.model_id == model_id)
+            .order_by(ModelTask.position)
+        ).scalars()
+        if list(stored) == keys:
             return
-        ids = dict(s.execute(select(Workload.key, Workload.id).where(Workload.key.in_([t.key for t in tasks]))).all())
+        s.execute(delete(ModelTask).where(ModelTask.model_id == model_id))
+        found = dict(s.execute(select(Workload.key, Workload.id).where(Workload.key.in_(keys))).all())
         for i, t in enumerate(tasks):
-            s.add(ModelTask(model_id=model_id, position=i, workload_id=ids[t.key], name=t.name, weight=t.weight))
+            s.add(ModelTask(model_id=model_id, position=i, workload_id=found[t.key], name=t.name, weight=t.weight))
 
 
 def live_target(settings: Settings, queue: str) -> dict[str, Any] | None:

@@ -318,11 +318,14 @@ def _task_row(position: int, p) -> dict[str, Any]:
 def _search(claim: progress.Claim) -> None:
     from compiler.cost_model import XGBModel
     from compiler.onnx_frontend import load
-    from compiler.tasks import extract_tasks, weights_timed_cold
+    from compiler.tasks import tuning_plan, weights_timed_cold
     from compiler.transfer import ModelCache
     from compiler.tune import TaskScheduler, TuneOptions
 
-    tasks, calls, _ = extract_tasks(load(claim.model_path, claim.input_shapes))
+    # the model's tasks and its convs' other forms (as catalog.register_model stored them), each conv counted at its
+    # faster form (compile takes that one)
+    plan = tuning_plan(load(claim.model_path, claim.input_shapes))
+    tasks = plan.all_tasks
     positions = {t.key: i for i, t in enumerate(tasks)}
     db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id)
     try:
@@ -339,7 +342,7 @@ def _search(claim: progress.Claim) -> None:
         options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache meets
         # them cold in every run, so its kernels are timed that way
-        cold = weights_timed_cold("auto", calls, target.l3_bytes)
+        cold = weights_timed_cold("auto", plan.calls, target.l3_bytes)
         log.info("job %d: kernels timed with weights %s", claim.job_id, "cold" if cold else "warm")
         runner = FarmRunner(
             settings,
@@ -360,6 +363,7 @@ def _search(claim: progress.Claim) -> None:
             runner=runner,
             target=target,
             callback=report,
+            choices=plan.choices,
         )
         sched.resume()
         report.write(sched, point=False, check=True)  # what the records hold, before this attempt's first round

@@ -67,3 +67,8 @@ export function shortHost(fingerprint) {
 export function count(n) {
   return n === null || n === undefined ? DASH : Number(n).toLocaleString("en-US");
 }
+
+/** A task's weight: the times the model calls it; 0 marks a conv's other form, tuned so compile can pick the faster. */
+export function weight(n) {
+  return n === 0 ? "0 (other form)" : count(n);
+}

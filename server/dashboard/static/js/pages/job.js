@@ -6,7 +6,7 @@
 import {eventsUrl, get} from "../api.js";
 import {lineChart} from "../charts.js";
 import {h, message, replace, section} from "../dom.js";
-import {count, duration, flops, gflops, latency, shortHost, when} from "../format.js";
+import {count, duration, flops, gflops, latency, shortHost, weight, when} from "../format.js";
 import {Table} from "../table.js";
 import {badge, errorText, fail, link, pageHeader, show, slot} from "../ui.js";
 import {activity} from "./job-activity.js";
@@ -50,7 +50,7 @@ const TASK_COLUMNS = [
   {key: "position", label: "ID", numeric: true},
   {key: "name", label: "Name"},
   {key: "flops", label: "FLOP", numeric: true, cell: (t) => flops(t.flops)},
-  {key: "weight", label: "Weight", numeric: true},
+  {key: "weight", label: "Weight", numeric: true, cell: (t) => weight(t.weight)},
   {key: "gflops", label: "GFLOP/s", numeric: true, cell: (t) => gflops(t.gflops)},
   {key: "latency_s", label: "Latency", numeric: true, cell: (t) => latency(t.latency_s)},
   {key: "weighted_latency_s", label: "Weighted latency", numeric: true, cell: (t) => latency(t.weighted_latency_s)},

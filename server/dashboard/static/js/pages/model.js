@@ -3,7 +3,7 @@
 
 import {get, post} from "../api.js";
 import {field, h, message, replace, section} from "../dom.js";
-import {bytes, count, flops, latency, shortHost, when} from "../format.js";
+import {bytes, count, flops, latency, shortHost, weight, when} from "../format.js";
 import {go} from "../router.js";
 import {Table} from "../table.js";
 import {actionButton, errorText, fail, live, pageHeader, show, slot} from "../ui.js";
@@ -75,7 +75,7 @@ export function render(root, view, id) {
     {key: "position", label: "ID", numeric: true},
     {key: "name", label: "Name"},
     {key: "workload_key", label: "Workload", cell: (t) => h("code", {title: t.workload_key}, t.workload_key.slice(0, 12))},
-    {key: "weight", label: "Weight", numeric: true},
+    {key: "weight", label: "Weight", numeric: true, cell: (t) => weight(t.weight)},
     {key: "flops", label: "FLOP", numeric: true, cell: (t) => flops(t.flops)},
     {key: "records", label: "Records", numeric: true},
     {key: "best_latency_s", label: "Best latency", numeric: true, cell: (t) => latency(t.best_latency_s)},
