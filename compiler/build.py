@@ -214,9 +214,9 @@ def choose_forms(
     """The convs of the plan (`tasks`, `calls` from extract_tasks) to compile in their other form
     (tasks.form_choices), by node name: those where both forms' tasks have a record here that replays in the same
     cache condition (the first of `prefer` in which both have one) and the other form's is faster by more than
-    tasks.FORM_MARGIN. The rest keep the
-    rule's form, as without records. The choice is made per host by what was measured on it: which form is faster
-    depends on the caches against the transformed weight and on the thread count."""
+    tasks.FORM_MARGIN. The rest keep the rule's form, as without records. The choice is made per host by what was
+    measured on it: which form is faster depends on the caches against the transformed weight and on the thread
+    count."""
     _, choices = form_choices(graph, tasks, calls, disabled_passes)
     chosen = {}
     for c in choices:

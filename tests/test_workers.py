@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import signal
 import subprocess
@@ -237,9 +238,9 @@ def test_job_runs_to_the_end(farm):
     assert workers["measure1@test"].target == dataclasses.asdict(Target.host())
 
 
-def test_a_job_tunes_each_convs_other_form_and_counts_the_faster(farm):
-    """As `tilefarm tune`: the tasks of convs' other forms are tuned beside the model's (weight 0), and the estimate
-    counts each such conv once, at the form compile would take (the faster, unless a tie)."""
+def test_a_job_tunes_each_convs_other_form_and_counts_the_one_compile_takes(farm):
+    """As `tilefarm tune`: the tasks of convs' other forms are tuned beside the model's (stored at weight 0), and the
+    job's table and estimate count each such conv once, at the form compile would take (the faster, unless a tie)."""
     from compiler.onnx_frontend import load
     from compiler.tasks import chosen_form, tuning_plan
     from tests.test_conv_forms import two_stage_model
@@ -247,19 +248,21 @@ def test_a_job_tunes_each_convs_other_form_and_counts_the_faster(farm):
     model = two_stage_model()
     plan = tuning_plan(load(model))
     job_id = farm.new_job(trials=24, per_round=4, model_id=farm.add_model("two_stage.onnx", model.SerializeToString()))
-    job = farm.wait_state(job_id, "succeeded", timeout=150)
+    job = farm.wait_state(job_id, "succeeded", timeout=300)  # ~90 s alone; more beside other tests on 2 cores
     rows = job.tasks
-    assert [(r["name"], r["weight"]) for r in rows] == [(t.name, t.weight) for t in plan.all_tasks]
-    assert [r["weight"] for r in rows[len(plan.tasks) :]] == [0, 0]
-    assert all(r["trials"] > 0 and r["latency_s"] for r in rows)  # the warm-up measures every task: 6 rounds of 4
+    assert [r["name"] for r in rows] == [t.name for t in plan.all_tasks] and len(plan.other_forms) == 2
+    assert all(r["trials"] > 0 for r in rows)  # the warm-up measures every task: 6 rounds of 4
+    # a task whose every program timed out on a loaded host has no latency (inf to the scheduler)
+    best = [r["latency_s"] if r["latency_s"] is not None else math.inf for r in rows]
     position = {t.key: i for i, t in enumerate(plan.all_tasks)}
-    choices = [[position[t.key] for t in c.tasks] for c in plan.choices]
-    calls = [r["weight"] for r in rows]
-    for rule, _ in choices:
-        calls[rule] -= 1
-    fixed = sum(n * r["latency_s"] for n, r in zip(calls, rows))
-    chosen = sum(rows[forms[chosen_form([rows[j]["latency_s"] for j in forms])]]["latency_s"] for forms in choices)
-    assert job.estimated_latency == pytest.approx(fixed + chosen, rel=1e-6)
+    calls = [t.weight for t in plan.all_tasks]
+    for c in plan.choices:
+        forms = [position[t.key] for t in c.tasks]
+        calls[forms[0]] -= 1
+        calls[forms[chosen_form([best[j] for j in forms])]] += 1
+    assert [r["weight"] for r in rows] == calls  # the calls of each task with the forms compile would take
+    estimate = sum(n * b for n, b in zip(calls, best) if n)
+    assert job.estimated_latency == (pytest.approx(estimate, rel=1e-9) if math.isfinite(estimate) else None)
     with session_scope(farm.settings, write=False) as s:
         q = select(ModelTask.weight).where(ModelTask.model_id == job.model_id).order_by(ModelTask.position)
         assert list(s.scalars(q)) == [t.weight for t in plan.all_tasks]

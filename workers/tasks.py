@@ -291,7 +291,7 @@ class _Progress:
             trials_done=trials_done,
             tuning_s=tuning_s,
             estimated_latency=sched.estimated_latency,
-            tasks=[_task_row(i, p) for i, p in enumerate(sched.progress)],
+            tasks=[_task_row(i, p, sched.calls(i)) for i, p in enumerate(sched.progress)],
             point=curve_point if point else None,
         )
         if heartbeat.SHUTTING_DOWN.is_set():
@@ -300,16 +300,18 @@ class _Progress:
             raise JobInterrupted(reason)
 
 
-def _task_row(position: int, p) -> dict[str, Any]:
+def _task_row(position: int, p, calls: int) -> dict[str, Any]:
+    """A row of the job's task table, as `tilefarm tune` prints it: the weight is the calls the model makes of the
+    task with the programs found so far (a conv's form that compile would not take is called 0 times)."""
     latency = progress.finite(p.best)
     return {
         "position": position,
         "name": p.task.name,
         "flops": p.task.flop_count,
-        "weight": p.task.weight,
+        "weight": calls,
         "gflops": p.gflops,
         "latency_s": latency,
-        "weighted_latency_s": latency * p.task.weight if latency is not None else None,
+        "weighted_latency_s": latency * calls if latency is not None else None,
         "trials": p.trials,
         "done": p.done,
     }
@@ -322,8 +324,8 @@ def _search(claim: progress.Claim) -> None:
     from compiler.transfer import ModelCache
     from compiler.tune import TaskScheduler, TuneOptions
 
-    # the model's tasks and its convs' other forms (as catalog.register_model stored them), each conv counted at its
-    # faster form (compile takes that one)
+    # the model's tasks and its convs' other forms (as catalog.register_model stored them), each conv counted at the
+    # form compile would take
     plan = tuning_plan(load(claim.model_path, claim.input_shapes))
     tasks = plan.all_tasks
     positions = {t.key: i for i, t in enumerate(tasks)}

@@ -68,7 +68,8 @@ export function count(n) {
   return n === null || n === undefined ? DASH : Number(n).toLocaleString("en-US");
 }
 
-/** A task's weight: the times the model calls it; 0 marks a conv's other form, tuned so compile can pick the faster. */
+/** A task's weight: the times the model calls it. 0 marks a conv form it does not take (tuned so that compile can
+ * take whichever form is faster: a model's other forms until then, and in a job whichever lost). */
 export function weight(n) {
-  return n === 0 ? "0 (other form)" : count(n);
+  return n === 0 ? "0 (form not taken)" : count(n);
 }
