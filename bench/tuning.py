@@ -211,7 +211,6 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
     plan = tuning_plan(load(model, {k: list(v.shape) for k, v in feeds.items()}), conv_forms=args.model_conv_forms)
-    calls = plan.calls
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(plan.tasks)} tasks, {args.model_trials} trials -> {path}")
     if plan.choices:
@@ -220,8 +219,8 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
             "(compile takes the faster form)"
         )
     flush = args.model_cache_flush
-    cold = weights_timed_cold(args.model_weights, calls, Target.host().l3_bytes)
-    print(f"    weights {constant_bytes(calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
+    cold = weights_timed_cold(args.model_weights, plan.calls, Target.host().l3_bytes)
+    print(f"    weights {constant_bytes(plan.calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
         plan.all_tasks,
         args.model_trials,

@@ -359,8 +359,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from compiler.tasks import constant_bytes, tuning_plan, weights_timed_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
-    calls = plan.calls
-    print(f"{args.model}: {len(plan.tasks)} tasks, {len(calls)} kernel calls")
+    print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
     if plan.choices:
         print(
             f"{len(plan.choices)} convs can be compiled in another form: {len(plan.other_forms)} more tasks tuned "
@@ -368,8 +367,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
-        args.weights = "cold" if weights_timed_cold("auto", calls, l3) else "warm"
-        mb, l3_mb = constant_bytes(calls) / 2**20, (l3 or 0) / 2**20
+        args.weights = "cold" if weights_timed_cold("auto", plan.calls, l3) else "warm"
+        mb, l3_mb = constant_bytes(plan.calls) / 2**20, (l3 or 0) / 2**20
         print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
     return _run_tuning(plan.all_tasks, args, plan.choices)
 
