@@ -356,14 +356,15 @@ def _cost_model(args: argparse.Namespace, database=None):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import constant_bytes, tuning_plan, weights_timed_cold
+    from compiler.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_timed_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
     print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
     if plan.choices:
         print(
             f"{len(plan.choices)} convs can be compiled in another form: {len(plan.other_forms)} more tasks tuned "
-            "beside the model's (weight 0 until faster); compile takes each conv's faster form"
+            "beside the model's (weight 0 until faster); compile takes the other form where it is faster by more "
+            f"than {FORM_MARGIN:.0%}"
         )
     if args.weights == "auto":
         l3 = Target.host().l3_bytes
