@@ -173,6 +173,11 @@ def chosen_form(costs: Sequence[float]) -> int:
     return fastest if costs[fastest] < costs[0] * (1 - FORM_MARGIN) else 0
 
 
+def chosen_cost(costs: Sequence[float]) -> float:
+    """The cost of the form compile takes (chosen_form): what a conv with these forms' best costs adds to the model."""
+    return costs[chosen_form(costs)]
+
+
 @dataclass
 class TuningPlan:
     """What tuning a model covers: the tasks of its plan and its calls (extract_tasks), and with conv forms measured

@@ -37,7 +37,7 @@ from compiler.records import CACHE_CONDITIONS, Database, TuningRecord, training_
 from compiler.search import Candidate, SearchParams, SearchPolicy
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
-from compiler.tasks import FormChoice, Task, chosen_form
+from compiler.tasks import FormChoice, Task, chosen_cost, chosen_form
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 WARMUP_MIN = 16  # the smallest first round of a task
@@ -255,11 +255,22 @@ class TaskScheduler:
 
     def _gradient(self, i: int) -> float:
         """d objective / d rounds for task i, as in Ansor's TaskScheduler (negative = the objective drops); where the
-        task is one form of a conv (FormChoice), by how much its expected latency would undercut the conv's fastest
-        form."""
+        task is one form of a conv (FormChoice), by how much one more round would lower the cost of the form compile
+        takes (tasks.chosen_form: a form that stays within FORM_MARGIN of the rule's lowers nothing)."""
         p = self.progress[i]
         if not math.isfinite(p.best):
             return 0.0
+        step = self._step(p)
+        grad = self._fixed[i] * step
+        for forms in self._choices:
+            if i in forms:
+                now = [self.progress[j].best for j in forms]
+                after = [b + step if j == i else b for j, b in zip(forms, now)]
+                grad += chosen_cost(after) - chosen_cost(now)
+        return grad
+
+    def _step(self, p: TaskProgress) -> float:
+        """The task's expected latency change in one more round (Ansor's backward and forward estimates)."""
         h = p.history
         backward = (h[-1] - h[-1 - WINDOW]) / WINDOW if len(h) > WINDOW else 0.0
         g_next_1 = p.best - p.best / max(p.rounds, 1)
@@ -267,13 +278,7 @@ class TaskScheduler:
         fastest = max(group_speed, default=0.0)  # 0 for data-movement tasks, which count no FLOPs
         g_next_2 = BETA * p.task.flop_count / fastest if fastest > 0 else math.inf
         forward = min(g_next_1, g_next_2) - p.best
-        step = ALPHA * backward + (1 - ALPHA) * forward  # the task's expected latency change in one more round
-        grad = self._fixed[i] * step
-        for forms in self._choices:
-            if i in forms:
-                other = min((self.progress[j].best for j in forms if j != i), default=math.inf)
-                grad += min(p.best + step, other) - min(p.best, other)
-        return grad
+        return ALPHA * backward + (1 - ALPHA) * forward
 
     def calls(self, i: int) -> int:
         """How many calls of the model task i makes with the programs found so far: its calls that are no choice's,
@@ -522,7 +527,7 @@ class TaskScheduler:
         """Σ calls × best latency over tasks, a conv with a choice of forms at the one compile would take (inf while a
         task has no valid program)."""
         fixed = sum(f * p.best for f, p in zip(self._fixed, self.progress) if f)
-        return fixed + sum(self.progress[self._chosen(forms)].best for forms in self._choices)
+        return fixed + sum(chosen_cost([self.progress[j].best for j in forms]) for forms in self._choices)
 
     def table(self) -> str:
         rows = [

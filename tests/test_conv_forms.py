@@ -151,6 +151,15 @@ def test_the_objective_counts_a_conv_once_at_its_faster_form(tmp_path):
         sched.progress[other].rounds, sched.progress[other].history = 5, [1.0] * 5
         assert sched._gradient(other) == 0.0 and sched._gradient(rule) < 0
         assert sched.calls(rule) == 1 and sched.calls(other) == 0
+        # a round that leaves the other form within FORM_MARGIN of the rule's changes what compile takes in nothing
+        sched.progress[rule].best, sched.progress[other].best = 1e-3, 0.99e-3
+        sched.progress[other].rounds, sched.progress[other].history = 1000, [0.99e-3] * 5
+        step = sched._step(sched.progress[other])
+        assert -0.01e-3 < step < 0 and sched._gradient(other) == 0.0
+        # one that takes it past the margin lowers the conv's cost from the rule's to its own
+        sched.progress[other].rounds = 2
+        step = sched._step(sched.progress[other])
+        assert 0.99e-3 + step < 0.97e-3 and math.isclose(sched._gradient(other), 0.99e-3 + step - 1e-3)
         # one without a valid program yet leaves the conv to the other form
         sched.progress[other].best = math.inf
         assert math.isfinite(sched.estimated_latency)
