@@ -489,6 +489,24 @@ def test_parallel_loops(threads, monkeypatch):
     np.testing.assert_array_equal(o, [0, 10])
 
 
+@pytest.mark.parametrize("threads", ["1", "2", "3", "8"])
+def test_every_iteration_of_a_parallel_loop_runs_once(threads, monkeypatch):
+    """Threads take the iterations in chunks from libgomp's guided schedule: each runs once, however the extent
+    divides among the threads, fewer iterations than threads included."""
+    monkeypatch.setenv("TILEFARM_NUM_THREADS", threads)
+    extents = (1, 2, 3, 7, 64, 1001)
+    C = Buffer("C", "int32", (sum(extents),))
+    loops, base = [], 0
+    for n in extents:
+        loops.append(For(i, n, "parallel", Store("C", c(base) + i, ld(C, c(base) + i) + Const(1, "int32"))))
+        base += n
+    f = codegen.compile_funcs([Func("count", (C,), seq(*loops))])["count"]
+    counts = np.zeros(sum(extents), np.int32)
+    f(counts)
+    f(counts)
+    np.testing.assert_array_equal(counts, 2)
+
+
 def test_parallel_reads_thread_count_at_call_time(monkeypatch):
     f = codegen.compile_funcs([parallel_kernel()])["par"]
     a = data("float32", (13, 50))
