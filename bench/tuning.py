@@ -27,7 +27,7 @@ from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import extract
-from compiler.measure import LocalBuilder, LocalRunner
+from compiler.measure import LocalBuilder, LocalRunner, MeasureInput
 from compiler.passes import describe_forms
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
@@ -105,29 +105,60 @@ def _report_search(sched: TaskScheduler, prior_s: float) -> dict:
     }
 
 
-def held_out_accuracy(task: Task, records: list[TuningRecord], first: int = HELD_OUT_AFTER) -> dict | None:
+def held_out_accuracy(
+    task: Task, records: list[TuningRecord], first: int = HELD_OUT_AFTER, retime_threads: int | None = None
+) -> dict | None:
     """Pairwise ranking accuracy of a cost model trained on `first` of the task's measurements and tested on the
     others: "later" trains on the first ones and tests on those measured after them (what the search faces: the
     later programs crowd near the best, where timing noise decides many pairs); "random" splits at random. The
-    same for Ansor's regression objective under "regression_later" and "regression_random"."""
+    same for Ansor's regression objective under "regression_later" and "regression_random".
+
+    With `retime_threads`, the random split's test programs are timed once more (in another order), which gives
+    "repeatability", how often the second timing orders a pair as the first did (the accuracy a perfect model
+    reaches against one timing's labels on this host), and "random_two_timings", the model's accuracy against the
+    mean of both timings."""
     recs = [r for r in records if r.workload_key == task.key]
     if len(recs) <= first + 16:
         return None
     xs = [extract(apply_steps(task.dag, [step_from_record(s) for s in r.steps])) for r in recs]
     costs = [r.mean_cost for r in recs]
 
-    def accuracy(train: list[int], test: list[int], objective: str) -> float:
+    def scores(train: list[int], test: list[int], objective: str) -> list[float]:
         model = XGBModel(num_warmup=0, objective=objective)
         model.update([xs[i] for i in train], [costs[i] for i in train], [task.key] * len(train))
+        return list(model.predict([xs[i] for i in test]))
+
+    def accuracy(train: list[int], test: list[int], objective: str) -> float:
         test = [i for i in test if np.isfinite(costs[i])]
-        return pairwise_accuracy(model.predict([xs[i] for i in test]), [costs[i] for i in test])
+        return pairwise_accuracy(scores(train, test, objective), [costs[i] for i in test])
 
     order = np.random.default_rng(0).permutation(len(recs)).tolist()
     out = {}
     for objective, prefix in (("pairwise", ""), ("regression", "regression_")):
         out[f"{prefix}later"] = round(accuracy(list(range(first)), list(range(first, len(recs))), objective), 3)
         out[f"{prefix}random"] = round(accuracy(order[:first], order[first:], objective), 3)
+    if retime_threads is not None:
+        test = [i for i in order[first:] if np.isfinite(costs[i])]
+        again = dict(zip(test, _time_again(task, [recs[i] for i in test], retime_threads)))
+        test = [i for i in test if np.isfinite(again[i])]
+        out["repeatability"] = round(pairwise_accuracy([-again[i] for i in test], [costs[i] for i in test]), 3)
+        two = [(costs[i] + again[i]) / 2 for i in test]
+        out["random_two_timings"] = round(pairwise_accuracy(scores(order[:first], test, "pairwise"), two), 3)
     return out
+
+
+def _time_again(task: Task, records: list[TuningRecord], threads: int) -> list[float]:
+    """Each record's program built and timed once more as the tuner timed it, in a shuffled order: its cost in
+    seconds (inf where it fails now)."""
+    inputs = [MeasureInput(task, tuple(step_from_record(s) for s in r.steps), r.trace) for r in records]
+    order = np.random.default_rng(1).permutation(len(inputs)).tolist()
+    with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
+        builds = builder.build([inputs[k] for k in order])
+        results = runner.run([inputs[k] for k in order], builds)
+    again = [float("inf")] * len(inputs)
+    for k, res in zip(order, results):
+        again[k] = res.mean_cost
+    return again
 
 
 def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
@@ -138,12 +169,14 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
     sched, prior_s = _tune([task], args.trials, threads, path, args.population, args.resume)
     extra = _report_search(sched, prior_s)
     db = JSONLinesDatabase(path)
-    acc = held_out_accuracy(task, list(db))
+    acc = held_out_accuracy(task, list(db), retime_threads=threads)
     if acc is not None:
         print(
             f"    cost model pairwise accuracy, trained on {HELD_OUT_AFTER} programs, on the other "
             f"{len(db) - HELD_OUT_AFTER}: {acc['random']:.3f} (random split), {acc['later']:.3f} (measured later); "
-            f"with Ansor's regression objective {acc['regression_random']:.3f}, {acc['regression_later']:.3f}"
+            f"with Ansor's regression objective {acc['regression_random']:.3f}, {acc['regression_later']:.3f}\n"
+            f"    the random split's programs timed again: the second timing orders {acc['repeatability']:.3f} of "
+            f"their pairs as the first did; the model {acc['random_two_timings']:.3f} against the mean of both"
         )
     timed = in_fresh_process("kernel", w.name, path, threads, args.repeat)
     medians = timed["medians_s"]
