@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,9 +115,11 @@ def held_out_accuracy(
     same for Ansor's regression objective under "regression_later" and "regression_random".
 
     With `retime_threads`, the random split's test programs are timed once more (in another order), which gives
-    "repeatability", how often the second timing orders a pair as the first did (the accuracy a perfect model
-    reaches against one timing's labels on this host), and "random_two_timings", the model's accuracy against the
-    mean of both timings."""
+    "repeatability", how often the second timing orders a pair as the first did; "timing_vs_truth", how often one
+    timing then orders a pair as the programs' true speeds do, were each pair's two timings independent coin flips
+    around the truth (r = q² + (1 - q)², so q = (1 + √(2r - 1)) / 2): about what a model that knew the true speeds
+    would score against one timing's labels; and "random_two_timings", the model's accuracy against the mean of
+    both timings."""
     recs = [r for r in records if r.workload_key == task.key]
     if len(recs) <= first + 16:
         return None
@@ -141,7 +144,9 @@ def held_out_accuracy(
         test = [i for i in order[first:] if np.isfinite(costs[i])]
         again = dict(zip(test, _time_again(task, [recs[i] for i in test], retime_threads)))
         test = [i for i in test if np.isfinite(again[i])]
-        out["repeatability"] = round(pairwise_accuracy([-again[i] for i in test], [costs[i] for i in test]), 3)
+        r = pairwise_accuracy([-again[i] for i in test], [costs[i] for i in test])
+        out["repeatability"] = round(r, 3)
+        out["timing_vs_truth"] = round((1 + math.sqrt(max(2 * r - 1, 0.0))) / 2, 3)
         two = [(costs[i] + again[i]) / 2 for i in test]
         out["random_two_timings"] = round(pairwise_accuracy(scores(order[:first], test, "pairwise"), two), 3)
     return out
@@ -176,7 +181,9 @@ def run_kernel(w: Workload, threads: int, args, rows: list[dict]) -> None:
             f"{len(db) - HELD_OUT_AFTER}: {acc['random']:.3f} (random split), {acc['later']:.3f} (measured later); "
             f"with Ansor's regression objective {acc['regression_random']:.3f}, {acc['regression_later']:.3f}\n"
             f"    the random split's programs timed again: the second timing orders {acc['repeatability']:.3f} of "
-            f"their pairs as the first did; the model {acc['random_two_timings']:.3f} against the mean of both"
+            f"their pairs as the first did, so one timing about {acc['timing_vs_truth']:.3f} as their true speeds "
+            f"(what a model knowing them would score); the model {acc['random_two_timings']:.3f} against the mean "
+            "of both timings"
         )
     timed = in_fresh_process("kernel", w.name, path, threads, args.repeat)
     medians = timed["medians_s"]
