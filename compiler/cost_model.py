@@ -22,6 +22,12 @@ MAX_PAIRS = 50_000  # pairs in one training of the pairwise objective (more did 
 
 
 class CostModel(Protocol):
+    @property
+    def informed(self) -> bool:
+        """Whether its scores say anything about speed (it was trained or pre-trained); an uninformed model scores
+        at random, and a search that ranks random programs by such scores only spends time (SearchPolicy)."""
+        ...
+
     def update(self, xs: list[np.ndarray], costs: list[float], groups: list[str]) -> None:
         """Learn from measured programs: features, mean seconds (math.inf if it failed), workload key."""
         ...
@@ -79,6 +85,8 @@ def _seed(seed: int | np.random.Generator) -> tuple[int, np.random.Generator]:
 
 class RandomModel:
     """Uniform random scores (the ablation baseline)."""
+
+    informed = False
 
     def __init__(self, seed: int | np.random.Generator = 0):
         self.rng = _seed(seed)[1]
@@ -162,6 +170,10 @@ class XGBModel:
         self.prior = prior.booster if prior is not None else None
         self.trained_on = 0  # programs in the last training set
         self.rounds = 0  # boosting rounds kept in the last training
+
+    @property
+    def informed(self) -> bool:
+        return self.booster is not None or self.prior is not None
 
     @property
     def num_valid(self) -> int:

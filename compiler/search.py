@@ -176,15 +176,15 @@ class SearchPolicy:
         programs not measured before. `population` overrides the parameters' for this round (the task scheduler
         shrinks it where measuring a round costs less than searching for it). `foreign` are sibling tasks' best
         programs translated to this task (`translate`), best first: the first ones not measured here yet are
-        measured as they are (up to FOREIGN_MEASURED_PER_ROUND), and all of them join the population as seeds."""
+        measured as they are (up to FOREIGN_MEASURED_PER_ROUND), and all of them join the population as seeds.
+
+        With nothing to search toward, a model not yet trained (`CostModel.informed`) and neither measured programs
+        nor foreign ones to evolve from (a task's first round), the batch is `n` random programs: Ansor evolves a
+        random population under random scores there, which also picks random programs, after lowering and
+        featurizing a population's worth of them (most of the search time of a small model's warm-up)."""
         t0 = time.perf_counter()
         p = self.params
         self._population = population or p.population
-        init = self.sample_initial(max(p.init_min_population, self._population - self._n_seeds()))
-        pool = [c for c in init if c.key not in self.measured]
-        n_random = min(int(p.eps_greedy * n), len(pool))
-        random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
-        best = self._evolve(init + self._seeds() + list(foreign), 2 * n)
         picked: dict[str, Candidate] = {}
         programs: set[str] = set()
 
@@ -197,19 +197,26 @@ class SearchPolicy:
             picked[c.key] = c
             programs.add(c.program)
 
-        for c in foreign:
-            if len(picked) >= min(n, FOREIGN_MEASURED_PER_ROUND):
-                break
-            take(c)
-        for c in best:
-            if len(picked) >= n - n_random:
-                break
-            take(c)
-        for c in random_pool:
-            if len(picked) >= n:
-                break
-            take(c)
-        if len(picked) < n:  # the evolution found too few new programs: top up with random ones
+        if self.model.informed or self._n_seeds() or foreign:
+            init = self.sample_initial(max(p.init_min_population, self._population - self._n_seeds()))
+            pool = [c for c in init if c.key not in self.measured]
+            n_random = min(int(p.eps_greedy * n), len(pool))
+            random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
+            best = self._evolve(init + self._seeds() + list(foreign), 2 * n)
+            for c in foreign:
+                if len(picked) >= min(n, FOREIGN_MEASURED_PER_ROUND):
+                    break
+                take(c)
+            for c in best:
+                if len(picked) >= n - n_random:
+                    break
+                take(c)
+            for c in random_pool:
+                if len(picked) >= n:
+                    break
+                take(c)
+        # else nothing to search for: random scores would rank random programs, so the batch is random programs
+        if len(picked) < n:  # the evolution found too few new programs (or did not run): top up with random ones
             for c in self.sample_initial(2 * n):
                 if len(picked) >= n:
                     break

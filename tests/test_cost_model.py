@@ -122,7 +122,7 @@ def test_warmup_gives_seeded_random_scores_and_empty_programs_minus_inf():
     xs, costs = synthetic(40, rng)
     model = XGBModel(seed=5, num_warmup=30)
     model.update(xs[:20], costs[:20], ["g"] * 20)
-    assert model.booster is None
+    assert model.booster is None and not model.informed  # its scores are random: the search skips ranking by them
     test = xs[20:] + [np.zeros((0, xs[0].shape[1]), np.float32)]
     cold = model.predict(test)
     assert np.array_equal(cold, XGBModel(seed=5).predict(test))  # the seed decides the random scores
@@ -131,7 +131,9 @@ def test_warmup_gives_seeded_random_scores_and_empty_programs_minus_inf():
     model.update(xs[20:30], [math.inf] * 10, ["g"] * 10)
     assert model.booster is None
     model.update(xs[30:], costs[30:], ["g"] * 10)
-    assert model.booster is not None and model.trained_on == 40
+    assert model.booster is not None and model.trained_on == 40 and model.informed
+    assert XGBModel(num_warmup=30, prior=model).informed  # a pre-trained prior informs it before its own warm-up
+    assert not RandomModel().informed
     warm = model.predict(test)
     assert warm[-1] == -np.inf and np.array_equal(warm, model.predict(test))  # deterministic once trained
 

@@ -174,6 +174,17 @@ def test_next_batch_never_repeats_a_program_when_the_space_runs_out():
     assert len(seen) == sum(sizes) == len(p.measured)
 
 
+def test_a_first_round_under_an_untrained_model_measures_random_programs_without_searching():
+    p = policy("matmul")
+    batch = p.next_batch(8)  # nothing measured, the model untrained: random programs, nothing scored
+    assert len({c.key for c in batch}) == 8 and p.stats.scored == 0
+    p.record(batch, [1e-4 * (k + 1) for k in range(len(batch))])
+    assert len(p.next_batch(8)) == 8 and p.stats.scored > 0  # measured programs to evolve from: the search runs
+    q = policy("matmul")
+    q.model.informed = True  # a trained or pre-trained model: its scores rank the population from the first round
+    assert len(q.next_batch(8)) == 8 and q.stats.scored > 0
+
+
 def test_twins_are_one_program_and_a_measured_twin_is_not_picked_again():
     p = policy("matmul")
     first, other = p.next_batch(4)[:2]
@@ -185,6 +196,7 @@ def test_twins_are_one_program_and_a_measured_twin_is_not_picked_again():
     twin = Candidate(first.sketch_index, None, twin_state, "twin")
     p.record([twin], [1e-4])
     p.params = replace(p.params, eps_greedy=0.0)
+    p.model.informed = True  # as a trained model: the search runs (the twin has no trace, so it seeds nothing)
     p._evolve = lambda population, keep: [first]  # the evolution's best pick is the measured program's twin
     assert first.key not in {c.key for c in p.next_batch(1)}
     assert p.stats.twins >= 1
