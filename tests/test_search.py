@@ -84,6 +84,7 @@ def test_conv_programs_with_every_unroll_depth_match_the_numpy_reference():
 def check_search_programs(name: str, unroll_limit: int | None) -> None:
     case = KERNELS[name]
     p = policy(name)
+    p.model.informed = True  # as a trained model, so that the first round searches: its batch holds evolved programs
     batch = p.next_batch(4)  # random annotation, one evolution step under random scores, eps-greedy picking
     initial = p.sample_initial(2)
     children = mutants(p, initial, np.random.default_rng(1))
