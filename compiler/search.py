@@ -197,12 +197,13 @@ class SearchPolicy:
             picked[c.key] = c
             programs.add(c.program)
 
-        if self.model.informed or self._n_seeds() or foreign:
-            init = self.sample_initial(max(p.init_min_population, self._population - self._n_seeds()))
+        seeds = self._seeds()
+        if self.model.informed or seeds or foreign:  # else random scores would rank random programs: the top-up below
+            init = self.sample_initial(max(p.init_min_population, self._population - len(seeds)))
             pool = [c for c in init if c.key not in self.measured]
             n_random = min(int(p.eps_greedy * n), len(pool))
             random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
-            best = self._evolve(init + self._seeds() + list(foreign), 2 * n)
+            best = self._evolve(init + seeds + list(foreign), 2 * n)
             for c in foreign:
                 if len(picked) >= min(n, FOREIGN_MEASURED_PER_ROUND):
                     break
@@ -215,7 +216,6 @@ class SearchPolicy:
                 if len(picked) >= n:
                     break
                 take(c)
-        # else nothing to search for: random scores would rank random programs, so the batch is random programs
         if len(picked) < n:  # the evolution found too few new programs (or did not run): top up with random ones
             for c in self.sample_initial(2 * n):
                 if len(picked) >= n:
