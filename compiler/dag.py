@@ -39,6 +39,13 @@ class Op:
         return self.body.body if isinstance(self.body, Reduce) else self.body
 
     @cached_property
+    def loops(self) -> tuple[tuple[tuple[str, int | None], ...], tuple[tuple[str, int | None], ...]]:
+        """(name, extent) of each axis, then of each reduce axis: all of the op that its stage's loops derive from
+        (state.derive keys its cache on this, so ops rebuilt alike, as every replay of a cache_write rebuilds its
+        two, share entries)."""
+        return tuple((a.name, a.extent) for a in self.axes), tuple((r.name, r.extent) for r in self.reduce_axes)
+
+    @cached_property
     def reads(self) -> tuple[str, ...]:
         if self.body is None:
             return ()

@@ -8,6 +8,7 @@ always gives the same State, so the step list *is* the schedule (and the tuning 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,11 @@ class Stage:
     def name(self) -> str:
         return self.op.name
 
+    def with_iters(self, iters: tuple[Iter, ...]) -> Stage:
+        """The stage with other loops (annotated or reordered), the rest as it is; what dataclasses.replace does, in a
+        fifth of its time (the search replays this for most of its steps)."""
+        return Stage(self.op, iters, self.relations, self.compute_at, self.attach, self.auto_unroll_max_step)
+
     def iter_index(self, name: str) -> int:
         for i, it in enumerate(self.iters):
             if it.name == name:
@@ -67,11 +73,13 @@ class Derived:
     predicates: tuple[tuple[Expr, str], ...]  # (condition, kind of the root axis it guards)
 
 
-# derive() results by (op identity, relations, loop order and annotations, extents). The search lowers thousands of
-# candidates of one task, and a candidate differs from its parent in one or two stages, so most stages replay the
+# derive() results by (the op's loops, relations, loop order and annotations, extents). The search lowers thousands
+# of candidates of one task, and a candidate differs from its parent in one or two stages, so most stages replay the
 # same relations on the same extents again (a fifth of a ResNet-18 conv's search time went to derive before this).
-# Each entry keeps its op alive, so the id in its key cannot be reused while it is cached.
-_DERIVED: dict[tuple, tuple[Op, Derived]] = {}
+# The key holds the op's axes (Op.loops), not the op: replaying a cache_write builds its ops anew, and keyed by op
+# identity the cache-write stage of every candidate missed (in the search's feature workers, half of bound inference
+# went to those misses on a Winograd conv).
+_DERIVED: dict[tuple, Derived] = {}
 _DERIVED_MAX = 50_000
 
 
@@ -79,18 +87,18 @@ def derive(stage: Stage, extents: dict[str, int] | None = None) -> Derived:
     """Replay the stage's splits and fuses on root extents (default: the op's own). The result is shared: read it,
     never change its `values`."""
     key = (
-        id(stage.op),
+        stage.op.loops,
         stage.relations,
         tuple((it.name, it.annotation) for it in stage.iters),
         tuple(sorted(extents.items())) if extents else (),
     )
     hit = _DERIVED.get(key)
     if hit is not None:
-        return hit[1]
+        return hit
     d = _derive(stage, extents)
     if len(_DERIVED) >= _DERIVED_MAX:
         _DERIVED.clear()
-    _DERIVED[key] = (stage.op, d)
+    _DERIVED[key] = d
     return d
 
 
@@ -177,7 +185,7 @@ class State:
         raise KeyError(name)
 
     def with_stage(self, i: int, stage: Stage) -> State:
-        return replace(self, stages=self.stages[:i] + (stage,) + self.stages[i + 1 :])
+        return State(self.dag, self.stages[:i] + (stage,) + self.stages[i + 1 :], self.steps)
 
     def consumers(self, name: str) -> list[str]:
         """Stages reading `name`, looking through inlined stages."""
@@ -268,24 +276,32 @@ def apply_steps(dag: ComputeDAG, steps: Iterable[Step], state: State | None = No
             raise IllegalStep(
                 len(state.steps), step, f"refers to a stage or iterator that does not exist ({e})"
             ) from None
-        _check_attachments(state, step, len(state.steps))
-        state = replace(state, steps=state.steps + (step,))
+        if not step.keeps_loops:
+            _check_attachments(state, step, len(state.steps))
+        state = State(state.dag, state.stages, state.steps + (step,))
     return state
 
 
 def _malformed(step: Step) -> str | None:
     """Why a step's fields cannot be right (wrong types, negative indices), as in a hand-edited record; else None."""
-    for f in dataclasses.fields(step):
-        v = getattr(step, f.name)
-        if f.type == "tuple[int, ...]":
+    for name, kind, index in _field_checks(type(step)):
+        v = getattr(step, name)
+        if kind == "tuple[int, ...]":
             if not isinstance(v, tuple) or not all(_is_int(x) for x in v):
-                return f"{f.name} must be a list of integers, got {v!r}"
-        elif f.type == "int" and not _is_int(v) or f.type in ("bool", "str") and type(v).__name__ != f.type:
-            return f"{f.name} must be of type {f.type}, got {v!r}"
+                return f"{name} must be a list of integers, got {v!r}"
+        elif kind == "int" and not _is_int(v) or kind in ("bool", "str") and type(v).__name__ != kind:
+            return f"{name} must be of type {kind}, got {v!r}"
         # Python reads a negative index from the end, which would silently pick another stage or loop
-        if f.name.endswith(("_id", "_ids")) and any(x < 0 for x in (v if isinstance(v, tuple) else (v,))):
-            return f"{f.name} must not be negative, got {v!r}"
+        if index and any(x < 0 for x in (v if isinstance(v, tuple) else (v,))):
+            return f"{name} must not be negative, got {v!r}"
     return None
+
+
+@functools.cache
+def _field_checks(cls: type) -> tuple[tuple[str, str, bool], ...]:
+    """(name, declared type, whether it is a stage or iterator index) per field of a step class: what _malformed
+    checks, read once per class (every replayed step is checked, and the search replays millions)."""
+    return tuple((f.name, f.type, f.name.endswith(("_id", "_ids"))) for f in dataclasses.fields(cls))
 
 
 def _is_int(v) -> bool:
@@ -293,14 +309,16 @@ def _is_int(v) -> bool:
 
 
 def _check_attachments(state: State, step: Step, index: int) -> None:
+    attached = [s for s in state.stages if s.compute_at == "iter"]
+    if not attached:
+        return
     names = {s.name: s for s in state.stages}
-    for s in state.stages:
-        if s.compute_at == "iter":
-            target, it = s.attach
-            if target not in names or all(i.name != it for i in names[target].iters):
-                raise IllegalStep(
-                    index, step, f"it would leave {s.name} computed at loop {target}.{it}, which no longer exists"
-                )
+    for s in attached:
+        target, it = s.attach
+        if target not in names or all(i.name != it for i in names[target].iters):
+            raise IllegalStep(
+                index, step, f"it would leave {s.name} computed at loop {target}.{it}, which no longer exists"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -310,6 +328,9 @@ class Step:
     """Base of transform steps: `apply` returns a new State; `record()` is the JSON form ["TAG", *fields]."""
 
     tag = ""
+    # True where the step neither renames nor removes a loop nor moves a stage (Reorder, Annotate, Pragma): no
+    # stage computed at a loop can lose it, so apply_steps skips that check after it
+    keeps_loops = False
 
     def apply(self, state: State) -> State:
         raise NotImplementedError
@@ -337,6 +358,8 @@ def _stage_for_transform(step: Step, state: State, stage_id: int) -> Stage:
 
 
 def _move_attachments(state: State, stage: str, old: Sequence[str], new: str) -> State:
+    if not any(s.attach is not None and s.attach[0] == stage for s in state.stages):
+        return state
     stages = tuple(
         replace(s, attach=(stage, new)) if s.attach is not None and s.attach[0] == stage and s.attach[1] in old else s
         for s in state.stages
@@ -433,12 +456,13 @@ class Reorder(Step):
     stage_id: int
     order: tuple[int, ...]
     tag = "RE"
+    keeps_loops = True
 
     def apply(self, state):
         s = _stage_for_transform(self, state, self.stage_id)
         if sorted(self.order) != list(range(len(s.iters))):
             raise self.fail(f"order {list(self.order)} is not a permutation of the {len(s.iters)} iterators")
-        return state.with_stage(self.stage_id, replace(s, iters=tuple(s.iters[i] for i in self.order)))
+        return state.with_stage(self.stage_id, s.with_iters(tuple(s.iters[i] for i in self.order)))
 
 
 @dataclass(frozen=True)
@@ -449,6 +473,7 @@ class Annotate(Step):
     iter_id: int
     annotation: str
     tag = "AN"
+    keeps_loops = True
 
     def apply(self, state):
         s = _stage_for_transform(self, state, self.stage_id)
@@ -457,8 +482,9 @@ class Annotate(Step):
             raise self.fail(f"unknown annotation {self.annotation!r}; use one of {ANNOTATIONS}")
         if it.kind == "reduce" and self.annotation in ("parallel", "vectorize"):
             raise self.fail(f"cannot {self.annotation} reduction iterator {it.name} (use rfactor first)")
-        iters = s.iters[: self.iter_id] + (replace(it, annotation=self.annotation),) + s.iters[self.iter_id + 1 :]
-        return state.with_stage(self.stage_id, replace(s, iters=iters))
+        marked = Iter(it.name, it.extent, it.kind, self.annotation)
+        iters = s.iters[: self.iter_id] + (marked,) + s.iters[self.iter_id + 1 :]
+        return state.with_stage(self.stage_id, s.with_iters(iters))
 
 
 @dataclass(frozen=True)
@@ -470,6 +496,7 @@ class Pragma(Step):
     name: str
     value: int
     tag = "PR"
+    keeps_loops = True
 
     def apply(self, state):
         s = _stage_for_transform(self, state, self.stage_id)

@@ -420,8 +420,8 @@ def test_follow_split_takes_the_source_split_lengths():
 
 
 def test_derive_is_remembered_per_relations_order_and_extents():
-    """derive() memoizes by the stage's op, relations, loop order and annotations, and the root extents: asked
-    again it returns the same result; other extents (a region bound inference shrank) replay anew."""
+    """derive() memoizes by the stage's op's loops, relations, loop order and annotations, and the root extents:
+    asked again it returns the same result; other extents (a region bound inference shrank) replay anew."""
     from dataclasses import replace
 
     from compiler.state import Stage, derive
@@ -434,3 +434,33 @@ def test_derive_is_remembered_per_relations_order_and_extents():
     assert part.leaves[0].name == full.leaves[0].name == "i.0" and part.leaves[0].extent < full.leaves[0].extent
     unannotated = Stage(stage.op, tuple(replace(it, annotation="none") for it in stage.iters), stage.relations)
     assert derive(unannotated) is not full and all(leaf.annotation == "none" for leaf in derive(unannotated).leaves)
+
+
+def test_derive_is_shared_by_replays_that_rebuild_the_op():
+    """Each replay of a cache_write builds its two ops anew; the loops derived for them are remembered by the ops'
+    axes, so a second replay of the same schedule (the search replays every candidate) finds them."""
+    from compiler.state import derive
+
+    a, b = apply_steps(matmul_dag(), TILED_MATMUL), apply_steps(matmul_dag(), TILED_MATMUL)
+    for name in ("C.local", "C"):
+        assert a.stage(name).op is not b.stage(name).op and a.stage(name).op == b.stage(name).op
+        assert derive(a.stage(name)) is derive(b.stage(name))
+
+
+@pytest.mark.parametrize("name", sorted(DAGS))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_steps_that_keep_loops_keep_every_loop_and_attachment(name, data):
+    """apply_steps skips the attachment check after a step marked keeps_loops: such a step (Reorder, Annotate,
+    Pragma) must leave every stage's loop names, where it is computed and its attach point as they were."""
+    dag = DAGS[name]
+    steps = data.draw(legal_steps(dag))
+    state = initial_state(dag)
+    for step in steps:
+        after = apply_steps(dag, [step], state)
+        if step.keeps_loops:
+            for s, t in zip(state.stages, after.stages):
+                assert sorted(it.name for it in s.iters) == sorted(it.name for it in t.iters)
+                assert (s.name, s.compute_at, s.attach) == (t.name, t.compute_at, t.attach)
+        state = after
+    assert {cls.__name__ for cls in STEPS.values() if cls.keeps_loops} == {"Reorder", "Annotate", "Pragma"}
