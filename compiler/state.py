@@ -46,8 +46,8 @@ class Stage:
         return self.op.name
 
     def with_iters(self, iters: tuple[Iter, ...]) -> Stage:
-        """The stage with other loops (annotated or reordered), the rest as it is; what dataclasses.replace does, in a
-        fifth of its time (the search replays this for most of its steps)."""
+        """The stage with other loops (annotated or reordered), the rest as it is; what dataclasses.replace does, in
+        under half its time (0.77 against 1.7 us; the search replays this for most of its steps)."""
         return Stage(self.op, iters, self.relations, self.compute_at, self.attach, self.auto_unroll_max_step)
 
     def iter_index(self, name: str) -> int:
