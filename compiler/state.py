@@ -28,6 +28,11 @@ class Iter:
     kind: str  # "spatial" | "reduce"
     annotation: str = "none"
 
+    def annotated(self, annotation: str) -> Iter:
+        """The same loop with another annotation (built directly, as Stage.with_iters is: Annotate runs it for most
+        of the steps the search replays)."""
+        return Iter(self.name, self.extent, self.kind, annotation)
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -148,7 +153,7 @@ def _derive(stage: Stage, extents: dict[str, int] | None) -> Derived:
             cur.insert(min(pos, len(cur)), fused)
     order = {it.name: i for i, it in enumerate(stage.iters)}
     ann = {it.name: it.annotation for it in stage.iters}
-    leaves = tuple(replace(c, annotation=ann.get(c.name, "none")) for c in sorted(cur, key=lambda c: order[c.name]))
+    leaves = tuple(c.annotated(ann.get(c.name, "none")) for c in sorted(cur, key=lambda c: order[c.name]))
     return Derived(leaves, values, tuple(preds))
 
 
@@ -482,8 +487,7 @@ class Annotate(Step):
             raise self.fail(f"unknown annotation {self.annotation!r}; use one of {ANNOTATIONS}")
         if it.kind == "reduce" and self.annotation in ("parallel", "vectorize"):
             raise self.fail(f"cannot {self.annotation} reduction iterator {it.name} (use rfactor first)")
-        marked = Iter(it.name, it.extent, it.kind, self.annotation)
-        iters = s.iters[: self.iter_id] + (marked,) + s.iters[self.iter_id + 1 :]
+        iters = s.iters[: self.iter_id] + (it.annotated(self.annotation),) + s.iters[self.iter_id + 1 :]
         return state.with_stage(self.stage_id, s.with_iters(iters))
 
 
