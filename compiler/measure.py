@@ -345,8 +345,9 @@ def _build_evictor(folder: Path) -> str:
 class LocalRunner:
     """Checks and times one candidate at a time in a sandbox process; a context manager.
 
-    Timing (TVM's time_evaluator): one warm-up call (the correctness check's), then `repeat` repeats, each the
-    mean of `number` calls, `number` grown (x1.618 at least) until a repeat takes `min_repeat_ms`. With
+    Timing (measure_worker.timed_repeats): the correctness check's call and untimed calls up to a tenth of
+    `min_repeat_ms` warm up, then `repeat` repeats, each the mean of at least `number` calls that together take at
+    least `min_repeat_ms` (TVM's time_evaluator's window, without its discarded batches). With
     `cache_flush`, number is 1, min_repeat_ms 0, and a buffer twice the L3 is overwritten before every call.
     `threads` None runs parallel loops on every core. `timeout` bounds one candidate's whole measurement.
 

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-GOLDEN = 1.618  # `number` grows at least this much per retry, as in TVM's time_evaluator
+WARMUP_SHARE = 0.1  # untimed calls after the check call, until they (with it) have run this share of min_repeat_ms
 OVERSHOOT = 3.0  # a timed batch stops after this many times min_repeat_ms, however many calls it planned
 GARBAGE_BYTE = 0xA5  # fills integer and bool outputs before the check; float outputs get NaN
 MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task to task, so a few are enough
@@ -147,11 +147,14 @@ def _mismatch(task: _Task, rtol: float, atol: float) -> str | None:
     return None
 
 
-def _time(fn, ptrs: list[int], number: int, before: Callable[[], None] | None, limit: float) -> tuple[float, int]:
-    """(seconds, calls) for `number` calls, stopping early once they have taken `limit` seconds; `before` (a cache
-    flush) runs outside the timing before each call."""
+def _time(
+    fn, ptrs: list[int], number: int, min_s: float, before: Callable[[], None] | None, limit: float
+) -> tuple[float, int]:
+    """(seconds, calls) of one batch: at least `number` calls that together take at least `min_s` seconds, stopped
+    early once the calls have taken `limit` seconds; `before` (a cache flush) runs outside the timing before each
+    call."""
     total, calls = 0.0, 0
-    while calls < number and total < limit:
+    while (calls < number or total < min_s) and total < limit:
         if before is not None:
             before()
         t0 = time.perf_counter()
@@ -159,6 +162,34 @@ def _time(fn, ptrs: list[int], number: int, before: Callable[[], None] | None, l
         total += time.perf_counter() - t0
         calls += 1
     return total, calls
+
+
+def timed_repeats(
+    fn, ptrs: list[int], number: int, repeat: int, min_s: float, before: Callable[[], None] | None, warm_s: float
+) -> tuple[list[float], int]:
+    """Seconds per call in each of `repeat` batches, and the calls in the last. `warm_s`: what the caller's first,
+    untimed call (the check) took.
+
+    A batch runs `number` calls or more, until they have taken `min_s` (TVM's min_repeat_ms). TVM's time_evaluator
+    instead grows `number` (x1.618 at least) and times the batch anew until it lasts min_repeat_ms, which discards
+    every batch that falls short: a batch sized from a first estimate often falls just short (the first calls after
+    loading run slower), and its 1.618x successor then runs ~160 ms. Timing 64 conv candidates (~2 ms calls) that
+    way took the sandbox 191 ms each for a 100 ms window, this way 110 ms (bench/results/runner-batches-*).
+    Before the first batch, calls run untimed until they and the check call have taken
+    WARMUP_SHARE x min_s, so the timed window starts warm (a conv's first three calls after the check ran 9%
+    slower than the rest).
+
+    A kernel's time can jump 100x between calls (a parallel loop whose second thread must wait for a core another
+    process holds), so a batch whose `number` was sized from fast calls could run for minutes: a batch stops once
+    its calls have taken OVERSHOOT x min_s, and the calls it made become `number`."""
+    limit = OVERSHOOT * min_s if min_s > 0 else math.inf
+    if warm_s < WARMUP_SHARE * min_s:
+        _time(fn, ptrs, 1, WARMUP_SHARE * min_s - warm_s, before, limit)
+    costs = []
+    for _ in range(repeat):
+        seconds, number = _time(fn, ptrs, number, min_s, before, limit)
+        costs.append(seconds / number)
+    return costs, number
 
 
 def measure(req: dict) -> dict:
@@ -169,29 +200,19 @@ def measure(req: dict) -> dict:
     except OSError as e:
         return {"ok": False, "error": "run", "message": f"cannot load the kernel: {e}"}
     try:
-        # the check call doubles as the warm-up call
+        # the check call is the first warm-up call
         _fill_garbage(task.outputs)
+        t0 = time.perf_counter()
         k.call(*ptrs)
+        warm_s = time.perf_counter() - t0
         if req["check"]:
             why = _mismatch(task, req["rtol"], req["atol"])
             if why:
                 return {"ok": False, "error": "wrong_answer", "message": why}
         before = _cache_preparation(req, task)
-        number, min_s, costs = req["number"], req["min_repeat_ms"] / 1000, []
-        # A kernel's time can jump 100x between calls (a parallel loop whose second thread must wait for a core
-        # another process holds), so a batch sized from a fast estimate could run for minutes: a batch stops once
-        # it has run OVERSHOOT x min_repeat_ms, and the calls it made become `number`.
-        limit = OVERSHOOT * min_s if min_s > 0 else math.inf
-        for _ in range(req["repeat"]):
-            seconds, calls = _time(k.call, ptrs, number, before, limit)
-            while seconds < min_s:
-                # aim straight at min_repeat_ms from this estimate, but grow by at least the golden ratio
-                per_call = seconds / calls
-                want = math.ceil(min_s / per_call) + 1 if per_call > 0 else number * 10
-                number = max(want, math.ceil(number * GOLDEN))
-                seconds, calls = _time(k.call, ptrs, number, before, limit)
-            number = calls
-            costs.append(seconds / calls)
+        costs, number = timed_repeats(
+            k.call, ptrs, req["number"], req["repeat"], req["min_repeat_ms"] / 1000, before, warm_s
+        )
         return {"ok": True, "costs": costs, "number": number}
     finally:
         k.close()

@@ -202,6 +202,78 @@ def test_number_grows_until_a_repeat_lasts_min_repeat_ms(good):
     assert all(c < 0.005 for c in res.costs)
 
 
+class _FakeKernel:
+    """A kernel whose calls advance a fake clock by the next of `durations` (the last repeats)."""
+
+    def __init__(self, *durations: float):
+        self.now, self.calls, self.durations = 0.0, 0, durations
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, *ptrs) -> None:
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from compiler import measure_worker
+
+    def make(*durations: float) -> _FakeKernel:
+        k = _FakeKernel(*durations)
+        monkeypatch.setattr(measure_worker, "time", SimpleNamespace(perf_counter=k.clock))
+        return k
+
+    return make
+
+
+def test_a_batch_times_calls_until_they_fill_min_repeat_ms(fake_kernel):
+    from compiler.measure_worker import timed_repeats
+
+    d = 2**-9  # ~1.95 ms, exact in binary: the sums below are exact
+    k = fake_kernel(d)
+    costs, number = timed_repeats(k, [], number=3, repeat=2, min_s=0.1, before=None, warm_s=d)
+    # untimed calls until they and the check call have run a tenth of the window (10 ms: 4 + 1 calls), then two
+    # batches of the 52 calls that first reach 100 ms: a batch that falls short goes on rather than starting over
+    assert number == 52 and k.calls == 5 + 2 * 52
+    assert costs == pytest.approx([d, d])
+
+
+def test_a_slow_check_call_is_warm_up_enough(fake_kernel):
+    from compiler.measure_worker import timed_repeats
+
+    k = fake_kernel(0.04)
+    costs, number = timed_repeats(k, [], number=1, repeat=1, min_s=0.1, before=None, warm_s=0.04)
+    assert (number, k.calls) == (3, 3) and costs == pytest.approx([0.04])
+
+
+def test_a_batch_runs_at_least_number_calls_but_stops_at_the_overshoot(fake_kernel):
+    from compiler.measure_worker import OVERSHOOT, timed_repeats
+
+    k = fake_kernel(0.001)
+    costs, number = timed_repeats(k, [], number=200, repeat=1, min_s=0.1, before=None, warm_s=1.0)
+    assert number == 200 and costs == pytest.approx([0.001])
+    # a kernel that turns 100x slower after planning: the batch ends once its calls took OVERSHOOT x min_repeat_ms
+    k = fake_kernel(0.001, 0.001, 0.1)
+    costs, number = timed_repeats(k, [], number=100, repeat=1, min_s=0.1, before=None, warm_s=1.0)
+    assert number == 5 and sum(costs) * number == pytest.approx(OVERSHOOT * 0.1 + 0.002)
+
+
+def test_without_min_repeat_ms_each_batch_is_number_calls_each_prepared(fake_kernel):
+    from compiler.measure_worker import timed_repeats
+
+    k = fake_kernel(0.003)
+    flushes = []
+    costs, number = timed_repeats(
+        k, [], number=1, repeat=3, min_s=0.0, before=lambda: flushes.append(k.calls), warm_s=0.003
+    )
+    assert number == 1 and k.calls == 3 and flushes == [0, 1, 2]
+    assert costs == pytest.approx([0.003] * 3)
+
+
 def test_cache_flush_times_single_calls(good):
     with LocalRunner(repeat=3, cache_flush=True, threads=1) as r:
         assert (r.number, r.min_repeat_ms) == (1, 0)
