@@ -674,6 +674,26 @@ def test_an_unrolled_body_computes_each_index_term_once():
     np.testing.assert_array_equal(a, b)
 
 
+def test_iterations_of_an_outer_unrolled_loop_share_the_inner_ones_index_arithmetic():
+    # B[(i * 64 + j * 32) + i * 2] for m outside j, both unrolled: j = 1 binds the same constant in every copy of
+    # m's body, so the j-dependent part of the index is computed once, not once per m (a register tile's
+    # accumulations over an unrolled reduction read their operands this way)
+    A, B = Buffer("A", "float32", (232,)), Buffer("B", "float32", (232,))
+    m = Var("m")
+    index = (i * c(64) + j * c(32)) + i * c(2)
+    body = For(i, 4, "serial", For(m, 3, "unrolled", For(j, 2, "unrolled",
+                                                          Store("B", index, ld(B, index) + ld(A, index)))))
+    f = Func("sum3", (A, B), body)
+    text = codegen.llvm_ir([f], optimized=False)
+    # i * 64 + 32, i * 64 + i * 2 and (i * 64 + 32) + i * 2: once each, for all three copies of m's body
+    assert text.count("= add i64") == 3, text
+    a, b = data("float32", 232), np.zeros(232, np.float32)
+    codegen.compile_funcs([f])["sum3"](a, b)
+    touched = [i_ * 66 + j_ * 32 for i_ in range(4) for j_ in range(2)]
+    np.testing.assert_allclose(b[touched], 3 * a[touched], rtol=1e-6)
+    assert not np.delete(b, touched).any()
+
+
 @pytest.mark.parametrize("zero", [0.0, -0.0])
 def test_zero_vectors_are_zeroinitializer_and_negative_zero_keeps_its_sign(zero):
     B = Buffer("B", "float32", (16,))

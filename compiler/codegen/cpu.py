@@ -77,6 +77,13 @@ def _iota(width: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(I64, width), list(range(width)))
 
 
+@functools.cache
+def _index_const(value: int) -> ir.Constant:
+    """The i64 constant `value`, one object per value: index_arith's memo keys on its leaves' identities, so an
+    unrolled loop's iterations that bind a variable to the same value share the arithmetic built on it."""
+    return ir.Constant(I64, value)
+
+
 def _int_const(v: ir.Value) -> int | None:
     if isinstance(v, ir.Constant) and isinstance(v.type, ir.IntType) and isinstance(v.constant, int):
         return v.constant
@@ -319,7 +326,7 @@ class _FnEmitter:
         name = s.var.name
         if s.kind == "unrolled" and not s.llvm_unroll:
             for i in range(s.extent):
-                with self.bind(self.env, name, ir.Constant(I64, i)):
+                with self.bind(self.env, name, _index_const(i)):
                     self.stmt(s.body)
         elif s.kind == "vectorized" and self.lanes is None and self.mod.vectorizable(s):
             self.vector_loop(s)
