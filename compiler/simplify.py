@@ -258,8 +258,10 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
     """Apply RULES bottom-up until nothing changes; `ranges` gives loop variables' inclusive bounds."""
     if isinstance(e, Const):
         return e
-    ranges = ranges or {}
-    key = (e, tuple(sorted((v, ranges[v]) for v in te.free_vars(e) if v in ranges)))
+    if ranges:
+        key = (e, tuple(sorted((v, ranges[v]) for v in te.free_vars(e) if v in ranges)))
+    else:
+        ranges, key = {}, (e, ())
     out = _SIMPLIFIED.get(key)
     if out is None:
         out = _simplify(e, ranges)

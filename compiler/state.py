@@ -184,10 +184,27 @@ class State:
         return self.stages[self.stage_id(key)]
 
     def stage_id(self, name: str) -> int:
+        try:
+            return self._stage_ids[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+    # Lowering asks for stages by name and for the stages attached at each loop tens of times per program: built
+    # once per (immutable) State, on first use.
+    @functools.cached_property
+    def _stage_ids(self) -> dict[str, int]:
+        ids: dict[str, int] = {}
         for i, s in enumerate(self.stages):
-            if s.name == name:
-                return i
-        raise KeyError(name)
+            ids.setdefault(s.name, i)
+        return ids
+
+    @functools.cached_property
+    def _attached(self) -> dict[tuple[str, str], list[Stage]]:
+        out: dict[tuple[str, str], list[Stage]] = {}
+        for s in self.stages:
+            if s.compute_at == "iter":
+                out.setdefault(tuple(s.attach), []).append(s)
+        return out
 
     def with_stage(self, i: int, stage: Stage) -> State:
         return State(self.dag, self.stages[:i] + (stage,) + self.stages[i + 1 :], self.steps)
@@ -212,7 +229,7 @@ class State:
         return te.rewrite(e, visit)
 
     def attached_at(self, name: str, iter_name: str) -> list[Stage]:
-        return [s for s in self.stages if s.compute_at == "iter" and s.attach == (name, iter_name)]
+        return list(self._attached.get((name, iter_name), ()))
 
     def __str__(self):
         return print_state(self)

@@ -21,6 +21,7 @@ from compiler.errors import InvalidExpr
 ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "pow")
 COMPARE = ("lt", "le", "eq", "ne", "gt", "ge")
 LOGIC = ("and", "or")
+_BOOL_RESULT = frozenset(COMPARE + LOGIC)  # ops whose result is a bool, looked up on every Binary built
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "sin", "cos", "neg", "not")
 REDUCERS = ("sum", "max", "min")
 SYMBOLS = {
@@ -145,10 +146,11 @@ class Binary(Expr):
     dtype: str = field(init=False)
 
     def __post_init__(self):
-        if self.op in COMPARE or self.op in LOGIC:
+        if self.op in _BOOL_RESULT:
             object.__setattr__(self, "dtype", "bool")
         else:
-            object.__setattr__(self, "dtype", dtypes.promote(self.a.dtype, self.b.dtype))
+            a, b = self.a.dtype, self.b.dtype
+            object.__setattr__(self, "dtype", a if a == b else dtypes.promote(a, b))
 
     def __str__(self):
         if self.op in ("min", "max", "pow"):
@@ -476,7 +478,17 @@ def _iinfo(dtype: str) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------- traversal
 
 
+# The traversals below are the search's hot path (lowering and featurizing thousands of programs a round): they test
+# the common node types by exact type first (Binary, Var, Const: most of every index tree), then fall back to
+# isinstance.
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
+    t = type(e)
+    if t is Binary:
+        return (e.a, e.b)
+    if t is Var or t is Const:
+        return ()
     if isinstance(e, Binary):
         return (e.a, e.b)
     if isinstance(e, (Unary, Cast)):
@@ -517,11 +529,17 @@ def walk(e: Expr):
 
 def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Post-order rewrite: children first, then `fn(node)`; `fn` returns None to keep the node."""
-    kids = children(e)
-    if kids:
-        new = tuple(rewrite(k, fn) for k in kids)
-        if any(a is not b for a, b in zip(new, kids)):
-            e = with_children(e, new)
+    t = type(e)
+    if t is Binary:
+        a, b = rewrite(e.a, fn), rewrite(e.b, fn)
+        if a is not e.a or b is not e.b:
+            e = Binary(e.op, a, b)
+    elif t is not Var and t is not Const:
+        kids = children(e)
+        if kids:
+            new = tuple(rewrite(k, fn) for k in kids)
+            if any(a is not b for a, b in zip(new, kids)):
+                e = with_children(e, new)
     out = fn(e)
     return e if out is None else out
 
@@ -532,6 +550,14 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
         return e
 
     def visit(n: Expr) -> Expr:
+        t = type(n)
+        if t is Binary:
+            a, b = visit(n.a), visit(n.b)
+            return n if a is n.a and b is n.b else Binary(n.op, a, b)
+        if t is Var:
+            return mapping.get(n.name, n)
+        if t is Const:
+            return n
         if isinstance(n, Var):
             return mapping.get(n.name, n)
         kids = children(n)
@@ -544,7 +570,19 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 
 
 def free_vars(e: Expr) -> set[str]:
-    return {n.name for n in walk(e) if isinstance(n, Var)}
+    out: set[str] = set()
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        t = type(n)
+        if t is Binary:
+            stack.append(n.a)
+            stack.append(n.b)
+        elif t is Var or isinstance(n, Var):
+            out.add(n.name)
+        elif t is not Const:
+            stack.extend(children(n))
+    return out
 
 
 def loads(e: Expr) -> list[Load]:
