@@ -419,6 +419,25 @@ def test_follow_split_takes_the_source_split_lengths():
         t.do(FollowSplit(t.stage_id(C), 0, 0, 1))
 
 
+def test_stage_lookups_by_name_and_attach_point_follow_each_state():
+    # State keeps its stages by name and by attach point once asked (lowering asks tens of times per program):
+    # every state answers for its own stages, and an unknown name is a KeyError naming it
+    state = apply_steps(matmul_dag(), TILED_MATMUL)
+    loop = state.stage("C").iters[0].name
+    assert [s.name for s in state.attached_at("C", loop)] == ["C.local"]
+    assert state.attached_at("C", "no-such-loop") == []
+    assert state.stage_id("C.local") == 2 and state.stage("C").name == "C"
+    with pytest.raises(KeyError, match="nothing"):
+        state.stage_id("nothing")
+    rooted = apply_steps(state.dag, [*TILED_MATMUL, ComputeRoot(2)])
+    assert rooted.attached_at("C", loop) == [] and state.attached_at("C", loop)
+    # a state built from another (with_stage) answers from its own stages; a name held twice gives the first
+    swapped = state.with_stage(2, state.stage("A"))
+    assert swapped.stage_id("A") == 0 and state.stage_id("C.local") == 2
+    with pytest.raises(KeyError):
+        swapped.stage_id("C.local")
+
+
 def test_derive_is_remembered_per_relations_order_and_extents():
     """derive() memoizes by the stage's op's loops, relations, loop order and annotations, and the root extents:
     asked again it returns the same result; other extents (a region bound inference shrank) replay anew."""
