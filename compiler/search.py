@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import heapq
 import multiprocessing
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -37,6 +38,9 @@ from compiler.state import Split, State, apply_steps
 from compiler.target import Target
 
 PARALLEL_FEATURES_MIN = 32  # below this many new programs, shipping them to worker processes costs more than it saves
+# a population being made goes to the feature workers in jobs of this many new programs, so that they featurize the
+# first ones while the search makes the rest (`SearchPolicy._streamed`)
+STREAM_CHUNK = 32
 FOREIGN_MEASURED_PER_ROUND = 2  # programs translated from sibling tasks measured as they are in one round
 
 
@@ -89,6 +93,7 @@ class SearchStats:
     model_seconds: float = 0.0
     invalid: int = 0
     twins: int = 0  # picked candidates dropped because a measured or picked one lowers to the same program
+    sent_ahead: int = 0  # programs featurized by the workers while the search made the rest of their population
 
 
 @dataclass
@@ -110,6 +115,9 @@ class SearchPolicy:
         self.measured_programs: set[str] = set()  # program_identity of everything measured
         self.stats = SearchStats()
         self._features = features.FeatureCache()
+        self._stream: list[Candidate] | None = None  # new programs of the population being made, not sent yet
+        self._in_flight: list[tuple[list[str], concurrent.futures.Future]] = []  # (keys, their features' job)
+        self._queued: set[str] = set()  # keys in _stream or _in_flight
         self._population = self.params.population  # this round's
         # (id of a sibling task's policy, its sketch index) -> (this task's sketch of that shape, stage name map)
         self._siblings: dict[tuple[int, int], tuple[int, dict[str, str]] | None] = {}
@@ -143,7 +151,9 @@ class SearchPolicy:
                 except InvalidProgram:
                     self.stats.invalid += 1
                     continue
-                out.setdefault(c.key, c)
+                if c.key not in out:
+                    out[c.key] = c
+                    self._send_soon(c)
             fails = fails + 1 if len(out) == before else 0
         return list(out.values())
 
@@ -152,6 +162,7 @@ class SearchPolicy:
     def featurize(self, cands: list[Candidate]) -> list[np.ndarray]:
         """Features per candidate, cached by program; a large batch is spread over a process per core."""
         t0 = time.perf_counter()
+        self._collect()
         todo = list({c.key: c for c in cands if c.key not in self._features}.values())
         if len(todo) >= PARALLEL_FEATURES_MIN and self.target.cores > 1:
             for c, x in zip(todo, _featurize_in_pool(self.dag, [c.state.steps for c in todo], self.target.cores)):
@@ -160,6 +171,56 @@ class SearchPolicy:
         xs = [self._features.get_or_compute(c.key, c.state) for c in cands]
         self.stats.feature_seconds += time.perf_counter() - t0
         return xs
+
+    @contextlib.contextmanager
+    def _streamed(self) -> Iterator[None]:
+        """While a population is made under this, its new programs go to a feature worker (`_send_soon`), so that
+        featurizing them overlaps making the rest; `featurize` collects the results. One job runs at a time while
+        the search makes programs, so that its process keeps a core (with a job on each of two cores, its CPU time
+        rose 5-50%); what is left when the population is made goes out split over every worker. The features are those
+        of featurizing the population afterwards, so the search is the same. On one core, or for a population too
+        small to pay for the trips, nothing is sent ahead."""
+        self._stream = [] if self.target.cores > 1 and self._population >= PARALLEL_FEATURES_MIN else None
+        try:
+            yield
+            rest, workers = self._stream or [], self.target.cores
+            chunk = -(-len(rest) // workers)
+            for i in range(0, len(rest), chunk or 1):
+                self._send(rest[i : i + chunk])
+        finally:
+            self._stream = None
+
+    def _send_soon(self, c: Candidate) -> None:
+        """Queue a new program of the population being made; send the queue as a job once it holds STREAM_CHUNK
+        programs and no job is running."""
+        if self._stream is None or c.key in self._queued or c.key in self._features:
+            return
+        self._stream.append(c)
+        self._queued.add(c.key)
+        if len(self._stream) >= STREAM_CHUNK and all(job.done() for _, job in self._in_flight):
+            self._send(self._stream)
+            self._stream = []
+
+    def _send(self, cands: list[Candidate]) -> None:
+        job = _submit_features(self.dag, [c.state.steps for c in cands], self.target.cores)
+        if job is not None:
+            self._in_flight.append(([c.key for c in cands], job))
+
+    def _collect(self) -> None:
+        """Take the features of the programs sent ahead; those of a job that failed (a worker died) are left to
+        `featurize` to compute here."""
+        for keys, job in self._in_flight:
+            try:
+                xs = job.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                _drop_pool()
+                continue
+            for k, x in zip(keys, xs):
+                self._features.put(k, x)
+            self.stats.featurized += len(keys)
+            self.stats.sent_ahead += len(keys)
+        self._in_flight.clear()
+        self._queued.clear()
 
     def score(self, cands: list[Candidate]) -> np.ndarray:
         xs = self.featurize(cands)
@@ -199,7 +260,8 @@ class SearchPolicy:
 
         seeds = self._seeds()
         if self.model.informed or seeds or foreign:  # else random scores would rank random programs: the top-up below
-            init = self.sample_initial(max(p.init_min_population, self._population - len(seeds)))
+            with self._streamed():
+                init = self.sample_initial(max(p.init_min_population, self._population - len(seeds)))
             pool = [c for c in init if c.key not in self.measured]
             n_random = min(int(p.eps_greedy * n), len(pool))
             random_pool = [pool[i] for i in self.rng.permutation(len(pool))[: 3 * n_random]]
@@ -258,7 +320,8 @@ class SearchPolicy:
                     in_heap.add(c.key)
             if it == p.num_iters:
                 break
-            population = self._next_generation(population, scores)
+            with self._streamed():
+                population = self._next_generation(population, scores)
         return [c for _, _, c in sorted(heap, key=lambda t: (-t[0], t[1]))]
 
     def _next_generation(self, population: list[Candidate], scores: np.ndarray) -> list[Candidate]:
@@ -282,9 +345,12 @@ class SearchPolicy:
             if d is None:
                 continue
             try:
-                out.append(self.candidate(parent.sketch_index, d))
+                c = self.candidate(parent.sketch_index, d)
             except InvalidProgram:
                 self.stats.invalid += 1
+                continue
+            out.append(c)
+            self._send_soon(c)
         return out
 
     # ------------------------------------------------------------------------------------------ results
@@ -419,7 +485,7 @@ def program_identity(state: State) -> str:
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
 
 
-def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> list[np.ndarray]:
+def _pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     """Lowering and featurizing is pure Python, so the search spreads it over processes (forkserver: the parent
     has LLVM and XGBoost threads, which fork does not copy safely). Programs travel as step lists."""
     global _POOL
@@ -427,13 +493,32 @@ def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> 
         ctx = multiprocessing.get_context("forkserver")
         _POOL = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
         atexit.register(_POOL.shutdown, cancel_futures=True)
+    return _POOL
+
+
+def _drop_pool() -> None:
+    global _POOL
+    _POOL = None
+
+
+def _submit_features(dag: ComputeDAG, programs: list[tuple], workers: int) -> concurrent.futures.Future | None:
+    """A job featurizing `programs` in a worker; None if the pool is broken (the caller computes them itself)."""
+    try:
+        return _pool(workers).submit(_featurize_chunk, dag, programs)
+    except concurrent.futures.process.BrokenProcessPool:
+        _drop_pool()
+        return None
+
+
+def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> list[np.ndarray]:
+    """Features of `programs`, split over the workers."""
     chunk = -(-len(programs) // workers)
     parts = [programs[i : i + chunk] for i in range(0, len(programs), chunk)]
     try:
-        futures = [_POOL.submit(_featurize_chunk, dag, part) for part in parts]
+        futures = [_pool(workers).submit(_featurize_chunk, dag, part) for part in parts]
         return [x for f in futures for x in f.result()]
     except concurrent.futures.process.BrokenProcessPool:
-        _POOL = None
+        _drop_pool()
         return _featurize_chunk(dag, programs)
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler import ops, te
+from compiler import ops, search, te
 from compiler.annotate import MAX_INNERMOST_FACTOR, Decisions, InvalidProgram, materialize, sample
 from compiler.codegen import compile_funcs
 from compiler.cost_model import RandomModel
@@ -216,6 +216,31 @@ def test_the_same_seed_gives_the_same_batches():
     a = rounds(3)
     assert a == rounds(3)
     assert a != rounds(4)
+
+
+def test_features_sent_ahead_while_a_population_is_made_change_no_batch(monkeypatch):
+    # on two cores the search sends a population's new programs to the feature workers STREAM_CHUNK at a time
+    # while it makes the rest; its batches and features are those of featurizing each population once it is made
+    def rounds() -> tuple[SearchPolicy, list[list[str]], list[np.ndarray]]:
+        two_cores = replace(Target.host(), cores=2)
+        params = SearchParams(population=96, num_iters=2, init_min_population=16)
+        p = SearchPolicy(DAGS["conv2d_bias_relu"], RandomModel(5), two_cores, params, 5)
+        p.model.informed = True  # its scores rank the population: the evolution runs from the first round
+        keys, xs = [], []
+        for _ in range(2):
+            batch = p.next_batch(8)
+            keys.append([c.key for c in batch])
+            xs += p.featurize(batch)
+            p.record(batch, [1e-4 * (k + 1) for k in range(len(batch))])
+        return p, keys, xs
+
+    ahead, keys, xs = rounds()
+    assert ahead.stats.sent_ahead >= search.STREAM_CHUNK and not ahead._in_flight and not ahead._queued
+    monkeypatch.setattr(search, "PARALLEL_FEATURES_MIN", 10**9)  # nothing goes to the workers: all featurized here
+    here, keys_here, xs_here = rounds()
+    assert here.stats.sent_ahead == 0 and here.stats.featurized == ahead.stats.featurized
+    assert keys == keys_here
+    assert len(xs) == len(xs_here) and all(np.array_equal(a, b) for a, b in zip(xs, xs_here))
 
 
 def test_candidates_replay_from_their_trace():
