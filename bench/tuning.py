@@ -28,13 +28,13 @@ from bench.timing import in_fresh_process
 from compiler.cost_model import XGBModel, pairwise_accuracy
 from compiler.dag import ComputeDAG
 from compiler.features import extract
-from compiler.measure import LocalBuilder, LocalRunner, MeasureInput
+from compiler.measure import LocalBuilder, LocalRunner
 from compiler.passes import describe_forms
 from compiler.records import JSONLinesDatabase, TuningRecord
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES, FormChoice, Task, constant_bytes, weights_timed_cold
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.tune import TaskScheduler, TuneOptions, replay_input
 
 HELD_OUT_AFTER = 512
 
@@ -154,9 +154,9 @@ def held_out_accuracy(
 
 def _time_again(task: Task, records: list[TuningRecord], threads: int) -> list[float]:
     """Each record's program built and timed once more as the tuner timed it, in a shuffled order: its cost in
-    seconds (inf where it fails now)."""
-    inputs = [MeasureInput(task, tuple(step_from_record(s) for s in r.steps), r.trace) for r in records]
-    order = np.random.default_rng(1).permutation(len(inputs)).tolist()
+    seconds (inf where it fails now, or where this version cannot replay it)."""
+    inputs = [replay_input(task, r) for r in records]
+    order = [k for k in np.random.default_rng(1).permutation(len(inputs)).tolist() if inputs[k] is not None]
     with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
         builds = builder.build([inputs[k] for k in order])
         results = runner.run([inputs[k] for k in order], builds)

@@ -38,7 +38,7 @@ from compiler.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, 
 from compiler.lower import lower
 from compiler.state import State
 from compiler.target import Target
-from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars
+from compiler.te import COMPARE, Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars
 
 OPS = ("mad", "addsub", "mul", "divmod", "cmp", "math", "cast")
 # fmt: off
@@ -74,7 +74,7 @@ _N_COUNTS = 16
 _INT = len(OPS)  # offset of the int counters
 _BOOL, _SELECT = 2 * len(OPS), 2 * len(OPS) + 1
 _MAD, _ADDSUB, _MUL, _DIVMOD, _CMP, _MATH, _CAST = range(len(OPS))
-_COMPARE = frozenset(("lt", "le", "eq", "ne", "gt", "ge"))
+_COMPARE = frozenset(COMPARE)
 _ALWAYS = 1 << 30  # depth of a term that no loop moves (the spread of constant offsets): active at every level
 
 

@@ -475,7 +475,7 @@ class TaskScheduler:
             if not todo:
                 break
             done.update(r.identity for r in todo)
-            inputs = [inp for inp in (_replay_input(p.task, r) for r in todo) if inp is not None]
+            inputs = [inp for inp in (replay_input(p.task, r) for r in todo) if inp is not None]
             if inputs:
                 self._side_by_side(inputs)
         best = best_replaying(p.task, self.database, self.target, (cache,))
@@ -553,7 +553,7 @@ class TaskScheduler:
                 close()
 
 
-def _replay_input(task: Task, record: TuningRecord) -> MeasureInput | None:
+def replay_input(task: Task, record: TuningRecord) -> MeasureInput | None:
     """The record's program, to measure again; None for a record this version cannot replay (compile skips it too)."""
     try:
         return MeasureInput(task, tuple(step_from_record(s) for s in record.steps), record.trace)
