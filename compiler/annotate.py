@@ -72,6 +72,11 @@ class InvalidProgram(TilefarmError):
 
 def materialize(sketch: Sketch, d: Decisions) -> State:
     """The program: the sketch's steps with the decided tile sizes, then locations, parallel, unroll, vectorize."""
+    return _annotated(_placed(sketch, d), d.parallel, d.unroll, d.vectorize)
+
+
+def _placed(sketch: Sketch, d: Decisions) -> State:
+    """The sketch with the decided tile sizes and compute locations (materialize's first part)."""
     steps = list(sketch.state.steps)
     for idx, lengths in zip(sketch.tile_steps, d.tiles):
         steps[idx] = replace(steps[idx], lengths=lengths)
@@ -81,16 +86,31 @@ def materialize(sketch: Sketch, d: Decisions) -> State:
             s = register_block_order(s, name)
         for name, loc in d.locations:
             s = _locate(s, name, loc)
-        for name, n in d.parallel:
-            s = _parallel(s, name, n)
-        for name, step in d.unroll:
-            if step and s.stage(name).compute_at != "inline":
-                s = s.do(Pragma(s.stage_id(name), 0, "auto_unroll_max_step", step))
-        for name, n in d.vectorize:
-            s = _vectorize(s, name, n)
     except TilefarmError as e:
         raise InvalidProgram(str(e)) from None
     except (KeyError, ValueError) as e:  # a decision naming a stage or loop this sketch does not have
+        raise InvalidProgram(f"decision refers to something the sketch lacks: {e}") from None
+    return s
+
+
+def _annotated(
+    s: State,
+    parallel: tuple[tuple[str, int], ...],
+    unroll: tuple[tuple[str, int], ...],
+    vectorize: tuple[tuple[str, int], ...],
+) -> State:
+    """`s` with these parallel, unroll and vectorize decisions applied in that order (materialize's second part)."""
+    try:
+        for name, n in parallel:
+            s = _parallel(s, name, n)
+        for name, step in unroll:
+            if step and s.stage(name).compute_at != "inline":
+                s = s.do(Pragma(s.stage_id(name), 0, "auto_unroll_max_step", step))
+        for name, n in vectorize:
+            s = _vectorize(s, name, n)
+    except TilefarmError as e:
+        raise InvalidProgram(str(e)) from None
+    except (KeyError, ValueError) as e:
         raise InvalidProgram(f"decision refers to something the sketch lacks: {e}") from None
     return s
 
@@ -315,6 +335,12 @@ def sample(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0)
     With `lanes` (the target's vector width in elements), a split of a stage's last space axis, whose innermost
     part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
     draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35)."""
+    return sample_program(sketch, rng, cores, lanes)[0]
+
+
+def sample_program(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0) -> tuple[Decisions, State]:
+    """`sample`'s decisions and their program (`materialize(sketch, decisions)`), built on the partial programs
+    that sampling builds anyway: the search then materializes each random program once, not three times."""
     contiguous = sketch.tile_contiguous
     assert len(contiguous) == len(sketch.tile_steps), "a sketch rule added a tile step without its contiguity flag"
     tiles = tuple(
@@ -323,25 +349,26 @@ def sample(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0)
     )
     sp = space(sketch)
     locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)
-    d = Decisions(tiles, locations)
-    s = materialize(sketch, d)
+    s = _placed(sketch, Decisions(tiles, locations))
     parallel = []
     for st in s.stages:
         if st.op.is_placeholder or st.compute_at != "root":
             continue
         parallel.append((st.name, default_parallel(s, st.name, cores)))
-    s_par = materialize(sketch, replace(d, parallel=tuple(parallel)))
+    s_par = _annotated(s, tuple(parallel), (), ())
+    bounded = s_par
     if any(st.compute_at == "iter" for st in s_par.stages):  # declared extents overstate attached stages' loops
-        s_par = infer_bound(s_par)
+        bounded = infer_bound(s_par)
     unroll = tuple((name, int(UNROLL_STEPS[rng.integers(len(UNROLL_STEPS))])) for name in sp.reductions)
     vectorize = []
-    for st in s_par.stages:
+    for st in bounded.stages:
         if st.op.is_placeholder or st.compute_at == "inline":
             continue
-        limit = _contiguous_run(s_par, st.name, _vector_limit(s_par, st.name))
+        limit = _contiguous_run(bounded, st.name, _vector_limit(bounded, st.name))
         if limit:
             vectorize.append((st.name, int(rng.integers(1, limit + 1))))
-    return Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
+    d = Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
+    return d, _annotated(s_par, (), unroll, d.vectorize)
 
 
 def default_parallel(s: State, name: str, cores: int) -> int:
@@ -367,6 +394,7 @@ __all__ = [
     "InvalidProgram",
     "materialize",
     "sample",
+    "sample_program",
     "sample_tile",
     "factorizations",
     "space",

@@ -27,7 +27,7 @@ from typing import cast
 import numpy as np
 
 from compiler import dtypes, features
-from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample
+from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample_program
 from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
@@ -147,7 +147,8 @@ class SearchPolicy:
             for _ in range(n - len(out)):
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
-                    c = self.candidate(i, sample(self.sketches[i], self.rng, self.target.cores, self.lanes))
+                    d, state = sample_program(self.sketches[i], self.rng, self.target.cores, self.lanes)
+                    c = Candidate(i, d, state, program_key(state))
                 except InvalidProgram:
                     self.stats.invalid += 1
                     continue

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiler import ops, search, te
-from compiler.annotate import MAX_INNERMOST_FACTOR, Decisions, InvalidProgram, materialize, sample
+from compiler.annotate import MAX_INNERMOST_FACTOR, Decisions, InvalidProgram, materialize, sample, sample_program
 from compiler.codegen import compile_funcs
 from compiler.cost_model import RandomModel
 from compiler.dag import ComputeDAG
@@ -216,6 +216,25 @@ def test_the_same_seed_gives_the_same_batches():
     a = rounds(3)
     assert a == rounds(3)
     assert a != rounds(4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sampled_program_is_its_decisions_materialized(name):
+    # the search takes sample_program's state, built on the partial programs sampling makes; it must be the program
+    # the decisions replay to (materialize), as every record and mutation assumes; and sample draws the same
+    p = policy(name)
+    rng, again = np.random.default_rng(11), np.random.default_rng(11)
+    for _ in range(6):
+        i = int(rng.integers(len(p.sketches)))
+        assert i == int(again.integers(len(p.sketches)))
+        try:
+            d, state = sample_program(p.sketches[i], rng, p.target.cores)
+        except InvalidProgram:
+            with pytest.raises(InvalidProgram):
+                materialize(p.sketches[i], sample(p.sketches[i], again, p.target.cores))
+            continue
+        assert sample(p.sketches[i], again, p.target.cores) == d
+        assert state == materialize(p.sketches[i], d)
 
 
 def test_features_sent_ahead_while_a_population_is_made_change_no_batch(monkeypatch):
