@@ -9,8 +9,10 @@ follows (MetaSchedule's trace-and-decisions form of Ansor's state mutation).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -80,16 +82,12 @@ def _placed(sketch: Sketch, d: Decisions) -> State:
     steps = list(sketch.state.steps)
     for idx, lengths in zip(sketch.tile_steps, d.tiles):
         steps[idx] = replace(steps[idx], lengths=lengths)
-    try:
+    with _invalid_program():
         s = apply_steps(sketch.state.dag, steps)
         for name in sorted(sketch.tiled):
             s = register_block_order(s, name)
         for name, loc in d.locations:
             s = _locate(s, name, loc)
-    except TilefarmError as e:
-        raise InvalidProgram(str(e)) from None
-    except (KeyError, ValueError) as e:  # a decision naming a stage or loop this sketch does not have
-        raise InvalidProgram(f"decision refers to something the sketch lacks: {e}") from None
     return s
 
 
@@ -100,7 +98,7 @@ def _annotated(
     vectorize: tuple[tuple[str, int], ...],
 ) -> State:
     """`s` with these parallel, unroll and vectorize decisions applied in that order (materialize's second part)."""
-    try:
+    with _invalid_program():
         for name, n in parallel:
             s = _parallel(s, name, n)
         for name, step in unroll:
@@ -108,11 +106,19 @@ def _annotated(
                 s = s.do(Pragma(s.stage_id(name), 0, "auto_unroll_max_step", step))
         for name, n in vectorize:
             s = _vectorize(s, name, n)
+    return s
+
+
+@contextlib.contextmanager
+def _invalid_program() -> Iterator[None]:
+    """Applying decisions: a step the state rejects, or a decision naming a stage or loop this sketch does not have
+    (KeyError, ValueError), makes the pair an InvalidProgram."""
+    try:
+        yield
     except TilefarmError as e:
         raise InvalidProgram(str(e)) from None
     except (KeyError, ValueError) as e:
         raise InvalidProgram(f"decision refers to something the sketch lacks: {e}") from None
-    return s
 
 
 def register_block_order(s: State, name: str) -> State:
