@@ -184,10 +184,8 @@ class SearchPolicy:
         self._stream = [] if self.target.cores > 1 and self._population >= PARALLEL_FEATURES_MIN else None
         try:
             yield
-            rest, workers = self._stream or [], self.target.cores
-            chunk = -(-len(rest) // workers)
-            for i in range(0, len(rest), chunk or 1):
-                self._send(rest[i : i + chunk])
+            for part in _split(self._stream or [], self.target.cores):
+                self._send(part)
         finally:
             self._stream = None
 
@@ -511,13 +509,17 @@ def _submit_features(dag: ComputeDAG, programs: list[tuple], workers: int) -> co
         return None
 
 
+def _split(items: list, workers: int) -> list[list]:
+    """`items` in at most `workers` consecutive parts of equal size (the last shorter), one job per worker."""
+    chunk = -(-len(items) // workers)
+    return [items[i : i + chunk] for i in range(0, len(items), chunk)] if items else []
+
+
 def _featurize_in_pool(dag: ComputeDAG, programs: list[tuple], workers: int) -> list[np.ndarray]:
-    """Features of `programs`, split over the workers."""
-    chunk = -(-len(programs) // workers)
-    parts = [programs[i : i + chunk] for i in range(0, len(programs), chunk)]
+    """Features of `programs`, split over the workers; computed here if the pool is broken."""
     try:
-        futures = [_pool(workers).submit(_featurize_chunk, dag, part) for part in parts]
-        return [x for f in futures for x in f.result()]
+        jobs = [_pool(workers).submit(_featurize_chunk, dag, part) for part in _split(programs, workers)]
+        return [x for job in jobs for x in job.result()]
     except concurrent.futures.process.BrokenProcessPool:
         _drop_pool()
         return _featurize_chunk(dag, programs)
