@@ -120,7 +120,8 @@ class XGBModel:
     programs each) of the 3x3 convs 128x28x28 / 64x56x56 / 256x14x14 and GEMM 512: eta 0.2 on all the data
     0.857 / 0.843 / 0.790 / 0.825, eta 0.4 on 0.8 of rows and features 0.869 / 0.861 / 0.804 / 0.829; trained on
     the first 512 and tested on the 128 measured after them, 0.616 against 0.659 (mean of the four); the synthetic
-    cost 0.92-0.93 against 0.91-0.92 (bench/results/cost-model-trees-zen4-2026-11-27.txt).
+    cost of 3-5 stores 0.92-0.93 against 0.91-0.92, of 4 stores 0.98 either way
+    (bench/results/cost-model-trees-zen4-2026-11-27.txt).
     A program's gradient is spread over its stores as below, with the logistic loss's Hessian in place of w_p.
 
     objective="regression", Ansor's choice: loss per program p with label y_p and k_p stores s:
