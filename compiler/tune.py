@@ -44,7 +44,8 @@ WARMUP_MIN = 16  # the smallest first round of a task
 SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
-RETIME_PASSES = 3  # re-timings of the fastest at most, while a best timed once overtakes the re-timed ones
+RETIME_PASSES = 4  # passes of the re-timing at most (the first, then challengers beside the incumbent; _retime)
+RETIME_CHALLENGERS = 8  # programs timed once but faster than the re-timed best, timed beside it in one pass
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -124,8 +125,9 @@ class TuneOptions:
     # side (one after another, round after round), and their records keep those timings too. Each best so far won
     # a race of single timings, so it was likely timed in a fast moment; timed beside its runners-up, the order
     # between them and the task's latency (the estimate, and what compile picks) rest on several timings taken
-    # under the same conditions (a few seconds per task, on top of time_budget). 0 ends with the single timings, as
-    # Ansor does.
+    # under the same conditions (a few seconds per task, on top of time_budget). Programs timed once whose timing
+    # still beats the re-timed best are then timed beside it (`_retime`). 0 ends with the single timings, as Ansor
+    # does.
     retime_best: int = 3
 
 
@@ -460,23 +462,46 @@ class TaskScheduler:
 
     def _retime(self, p: TaskProgress) -> None:
         """Time the task's TuneOptions.retime_best fastest records again, RETIME_ROUNDS times side by side, each
-        timing added to its record (Database.remeasured). Timed again, a best may fall behind a program timed only
-        once, and then that one is timed again too (at most RETIME_PASSES such passes), so that the best, the one
-        compile applies, is never a single timing that was not put beside the others. A task that measured nothing
-        in this run (all its trials resumed) is left alone, and a record this version cannot replay is passed over
+        timing added to its record (Database.remeasured). Timed again, the best usually comes out slower than the
+        single timing that made it a best (the winner's curse), and then programs timed only once may beat it on
+        their one timing: those (up to RETIME_CHALLENGERS, the fastest first) are timed side by side with it, the
+        incumbent, pass after pass (RETIME_PASSES in all), until the task's best, the one compile applies, is a
+        program timed beside the others. On a plateau of programs within a few percent of each other (common near
+        the end of a search) a fixed three per pass was not enough: GEMM 1024 ended on a program timed once, 2% ahead
+        of the re-timed ones, that ran 1.4x slower in the benchmark's processes. A task that measured nothing in
+        this run (all its trials resumed) is left alone, and a record this version cannot replay is passed over
         (compile skips it too)."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
         target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
-        done: set[tuple] = set()
+        timed: set[tuple] = set()  # identities of the records timed side by side here
+        unreadable: set[tuple] = set()  # identities of records this version cannot replay
         for _ in range(RETIME_PASSES):
-            best = self.database.best(p.task.key, target, host, k=self.options.retime_best, cache=cache)
-            todo = [r for r in best if r.identity not in done]
+            k = len(timed) + len(unreadable) + self.options.retime_best + RETIME_CHALLENGERS
+            ranked = [
+                r for r in self.database.best(p.task.key, target, host, k=k, cache=cache)
+                if r.identity not in unreadable
+            ]
+            incumbent = next((r for r in ranked if r.identity in timed), None)
+            if not timed:
+                todo = ranked[: self.options.retime_best]
+            elif incumbent is None:  # every re-timed one fell behind more than k others: time the fastest of those
+                todo = ranked[:RETIME_CHALLENGERS]
+            else:
+                todo = [r for r in ranked if r.identity not in timed and r.mean_cost < incumbent.mean_cost]
+                todo = todo[:RETIME_CHALLENGERS] + [incumbent] if todo else []
             if not todo:
                 break
-            done.update(r.identity for r in todo)
-            inputs = [inp for inp in (replay_input(p.task, r) for r in todo) if inp is not None]
-            if inputs:
+            inputs, new = [], 0
+            for r in todo:
+                inp = replay_input(p.task, r)
+                if inp is None:
+                    unreadable.add(r.identity)
+                    continue
+                new += r.identity not in timed
+                timed.add(r.identity)
+                inputs.append(inp)
+            if new:  # (the incumbent alone, its challengers all unreadable, has nothing to be timed beside)
                 self._side_by_side(inputs)
         best = best_replaying(p.task, self.database, self.target, (cache,))
         p.best = best[0].mean_cost if best else math.inf

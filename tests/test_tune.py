@@ -33,7 +33,7 @@ from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
 from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.tasks import Task
-from compiler.tune import RETIME_PASSES, RETIME_ROUNDS, TaskScheduler, TuneOptions
+from compiler.tune import RETIME_CHALLENGERS, RETIME_PASSES, RETIME_ROUNDS, TaskScheduler, TuneOptions
 from tests.test_measure import c_library
 
 N = 64
@@ -157,7 +157,9 @@ def test_injected_faults_become_error_codes_and_tuning_goes_on(tuned):
     assert sched.stats.retimed == RETIME_ROUNDS * sum(len(b) for b in again)
     retimed = {json.dumps(r.steps, separators=(",", ":")) for r in records if len(r.costs) > 2}
     assert 3 <= len(retimed) and retimed <= {k for b in again for k in b}
-    assert all(1 + RETIME_ROUNDS <= len(r.costs) <= 2 + RETIME_ROUNDS for r in records if len(r.costs) > 2)
+    # (the incumbent of a later pass is timed beside its challengers again: up to RETIME_ROUNDS more per pass)
+    most = 2 + RETIME_ROUNDS * RETIME_PASSES
+    assert all(1 + RETIME_ROUNDS <= len(r.costs) <= most for r in records if len(r.costs) > 2)
 
 
 def test_valid_records_are_timed_and_compute_the_right_answer(tuned):
@@ -423,9 +425,9 @@ def test_an_interrupted_confirmation_still_counts_the_round(tmp_path):
 def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_path):
     """retime_best: one program won the round with a lucky timing (1e-5 s; it runs in 5e-3). When the budget is
     spent the three fastest are timed again RETIME_ROUNDS times, each round in another order; their records keep
-    every timing, a program timed once that overtakes them is timed again too, and the task's best (the estimate,
-    and what compile applies) is the fastest mean: the honest runner-up. Resumed with no budget left, nothing is
-    timed again."""
+    every timing, and the task's best (the estimate, and what compile applies) is the fastest mean: the honest
+    runner-up, timed beside the others. No program timed once beats it, so nothing more is timed. Resumed with no
+    budget left, nothing is timed again."""
     from compiler.measure import MeasureResult
 
     class Noisy:
@@ -451,15 +453,12 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
         [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
     )
     sched.run()
-    # the three fastest side by side; then the lucky one (mean 3.3e-3) has fallen behind the fourth, timed once at
-    # 3e-3, which is timed again too (a second pass)
-    assert runner.calls == 1 + 2 * RETIME_ROUNDS and sched.stats.retimed == 4 * RETIME_ROUNDS
-    first, second, *later = runner.orders
+    assert runner.calls == 1 + RETIME_ROUNDS and sched.stats.retimed == 3 * RETIME_ROUNDS
+    first, second = runner.orders
     assert sorted(first) == sorted(second) and first != second and len(first) == 3
-    assert later == [later[0]] * RETIME_ROUNDS and len(later[0]) == 1 and later[0][0] not in first
     records = list(JSONLinesDatabase(path))
     costs = sorted((r.costs for r in records if len(r.costs) > 1), key=sum)
-    assert costs == [(1e-3,) * 3, (2e-3,) * 3, (3e-3,) * 3, (1e-5, 5e-3, 5e-3)]
+    assert costs == [(1e-3,) * 3, (2e-3,) * 3, (1e-5, 5e-3, 5e-3)]
     assert sched.progress[0].best == 1e-3 == sched.estimated_latency and sched.stats.trials == 8
 
     again = TaskScheduler(
@@ -469,6 +468,49 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
     assert again.resume() == 8
     again.run()
     assert again.runner.calls == 0 and again.progress[0].best == 1e-3
+
+
+def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_path):
+    """A plateau: 16 programs timed 1.00, 1.01, ... 1.15 ms once, and every later timing 0.2 ms slower (the winner's
+    curse, or a host that slowed down). The three fastest, timed again, come out at +0.13 ms on average, behind ten
+    programs timed once; those are timed beside the incumbent (the fastest re-timed one), RETIME_CHALLENGERS at a
+    time, until the task's best is a program timed side by side: never one that was timed once."""
+    from compiler.measure import MeasureResult
+
+    class SlowerLater:
+        cache = WARM
+
+        def __init__(self):
+            self.calls, self.first, self.batches = 0, {}, []
+
+        def run(self, inputs, builds):
+            self.calls += 1
+            keys = [repr(inp.steps) for inp in inputs]
+            if self.calls == 1:
+                self.first = {k: 1e-3 + 1e-5 * n for n, k in enumerate(keys)}
+                return [MeasureResult((self.first[k],), None, "", 0.0, 0.0) for k in keys]
+            self.batches.append(keys)
+            return [MeasureResult((self.first[k] + 2e-4,), None, "", 0.0, 0.0) for k in keys]
+
+    options = TuneOptions(trials=16, measures_per_round=16, params=PARAMS, seed=0, confirm_best=False)
+    path = tmp_path / "r.jsonl"
+    runner = SlowerLater()
+    sched = TaskScheduler(
+        [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
+    )
+    sched.run()
+    order = sorted(runner.first, key=runner.first.get)
+    passes = runner.batches[::RETIME_ROUNDS]
+    assert runner.batches[1::RETIME_ROUNDS] != passes  # each round of a pass in another order
+    assert sorted(passes[0]) == sorted(order[:3])
+    # the second pass: the 8 fastest of the ten timed once that beat the incumbent (order[0], now 1.133 ms), and it
+    assert sorted(passes[1]) == sorted(order[3 : 3 + RETIME_CHALLENGERS] + order[:1])
+    assert len(passes) <= RETIME_PASSES and sched.stats.retimed == sum(len(b) for b in runner.batches)
+    records = list(JSONLinesDatabase(path))
+    best = min(records, key=lambda r: r.mean_cost)
+    assert len(best.costs) > 1
+    timed_once = [r.mean_cost for r in records if len(r.costs) == 1]
+    assert all(c > best.mean_cost for c in timed_once) and best.mean_cost == sched.progress[0].best
 
 
 def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
