@@ -45,7 +45,7 @@ SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOption
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
 RETIME_PASSES = 4  # passes of the re-timing at most (the first, then challengers beside the incumbent; _retime)
-RETIME_CHALLENGERS = 8  # programs timed once but faster than the re-timed best, timed beside it in one pass
+RETIME_CHALLENGERS = 8  # programs not re-timed but faster than the re-timed best, timed beside it in one pass
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -125,9 +125,9 @@ class TuneOptions:
     # side (one after another, round after round), and their records keep those timings too. Each best so far won
     # a race of single timings, so it was likely timed in a fast moment; timed beside its runners-up, the order
     # between them and the task's latency (the estimate, and what compile picks) rest on several timings taken
-    # under the same conditions (a few seconds per task, on top of time_budget). Programs timed once whose timing
-    # still beats the re-timed best are then timed beside it (`_retime`). 0 ends with the single timings, as Ansor
-    # does.
+    # under the same conditions (a few seconds per task, on top of time_budget). Programs not re-timed whose
+    # timings still beat the re-timed best are then timed beside it (`_retime`). 0 ends with the single timings, as
+    # Ansor does.
     retime_best: int = 3
 
 
@@ -463,14 +463,14 @@ class TaskScheduler:
     def _retime(self, p: TaskProgress) -> None:
         """Time the task's TuneOptions.retime_best fastest records again, RETIME_ROUNDS times side by side, each
         timing added to its record (Database.remeasured). Timed again, the best usually comes out slower than the
-        single timing that made it a best (the winner's curse), and then programs timed only once may beat it on
-        their one timing: those (up to RETIME_CHALLENGERS, the fastest first) are timed side by side with it, the
-        incumbent, pass after pass (RETIME_PASSES in all), until the task's best, the one compile applies, is a
-        program timed beside the others. On a plateau of programs within a few percent of each other (common near
-        the end of a search) a fixed three per pass was not enough: GEMM 1024 ended on a program timed once, 2% ahead
-        of the re-timed ones, that ran 1.4x slower in the benchmark's processes. A task that measured nothing in
-        this run (all its trials resumed) is left alone, and a record this version cannot replay is passed over
-        (compile skips it too)."""
+        single timing that made it a best (the winner's curse), and then programs not timed here (timed once, or twice
+        as a new best) may beat it on their timings: those (up to RETIME_CHALLENGERS, the fastest first) are timed
+        side by side with it, the incumbent, pass after pass (RETIME_PASSES in all), until the task's best, the one
+        compile applies, is a program timed beside the others. On a plateau of programs within a few percent of each
+        other (common near the end of a search) a fixed three per pass was not enough: GEMM 1024 ended on a program
+        timed once, 2% ahead of the re-timed ones, that ran 1.4x slower in the benchmark's processes. A task that
+        measured nothing in this run (all its trials resumed) is left alone, and a record this version cannot replay
+        is passed over (compile skips it too)."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
         target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
