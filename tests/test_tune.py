@@ -472,7 +472,7 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
 
 def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_path):
     """A plateau: 16 programs timed 1.00, 1.01, ... 1.15 ms once, and every later timing 0.2 ms slower (the winner's
-    curse, or a host that slowed down). The three fastest, timed again, come out at +0.13 ms on average, behind ten
+    curse, or a host that slowed down). The three fastest, timed again, come out at +0.13 ms on average, behind eleven
     programs timed once; those are timed beside the incumbent (the fastest re-timed one), RETIME_CHALLENGERS at a
     time, until the task's best is a program timed side by side: never one that was timed once."""
     from compiler.measure import MeasureResult
@@ -503,7 +503,7 @@ def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_
     passes = runner.batches[::RETIME_ROUNDS]
     assert runner.batches[1::RETIME_ROUNDS] != passes  # each round of a pass in another order
     assert sorted(passes[0]) == sorted(order[:3])
-    # the second pass: the 8 fastest of the ten timed once that beat the incumbent (order[0], now 1.133 ms), and it
+    # the second pass: the 8 fastest of the eleven timed once that beat the incumbent (order[0], now 1.133 ms), and it
     assert sorted(passes[1]) == sorted(order[3 : 3 + RETIME_CHALLENGERS] + order[:1])
     assert len(passes) <= RETIME_PASSES and sched.stats.retimed == sum(len(b) for b in runner.batches)
     records = list(JSONLinesDatabase(path))
