@@ -28,6 +28,7 @@ from compiler.measure import (
     LocalBuilder,
     LocalRunner,
     MeasureInput,
+    MeasureResult,
 )
 from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
 from compiler.search import SearchParams
@@ -62,6 +63,26 @@ FAULTS = {
 
 def key_of(inp: MeasureInput) -> str:
     return json.dumps([s.record() for s in inp.steps], separators=(",", ":"))
+
+
+class FirstThenLater:
+    """A runner for a shared host's timings: the first batch's n-th program takes first(n) seconds, and every later
+    timing of it later(n). Remembers the program keys of each later batch (`batches`), in the order timed."""
+
+    cache = WARM
+
+    def __init__(self, first, later):
+        self.first, self.later = first, later
+        self.calls, self.position, self.batches = 0, {}, []
+
+    def run(self, inputs, builds):
+        self.calls += 1
+        keys = [key_of(inp) for inp in inputs]
+        if self.calls == 1:
+            self.position = {k: n for n, k in enumerate(keys)}
+            return [MeasureResult((self.first(n),), None, "", 0.0, 0.0) for n in range(len(keys))]
+        self.batches.append(keys)
+        return [MeasureResult((self.later(self.position[k]),), None, "", 0.0, 0.0) for k in keys]
 
 
 class FaultyBuilder:
@@ -428,33 +449,22 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
     every timing, and the task's best (the estimate, and what compile applies) is the fastest mean: the honest
     runner-up, timed beside the others. No program timed once beats it, so nothing more is timed. Resumed with no
     budget left, nothing is timed again."""
-    from compiler.measure import MeasureResult
 
-    class Noisy:
-        cache = WARM
+    def true(n: int) -> float:  # the 4th program (n = 3) runs in 5e-3 s; its first timing was a lucky one
+        return 5e-3 if n == 3 else 1e-3 * (n + 1)
 
-        def __init__(self):
-            self.calls, self.true, self.orders = 0, {}, []
-
-        def run(self, inputs, builds):
-            self.calls += 1
-            keys = [repr(inp.steps) for inp in inputs]
-            if self.calls == 1:
-                self.true = {k: 5e-3 if n == 3 else 1e-3 * (n + 1) for n, k in enumerate(keys)}
-                first = [1e-5 if n == 3 else self.true[k] for n, k in enumerate(keys)]
-                return [MeasureResult((c,), None, "", 0.0, 0.0) for c in first]
-            self.orders.append(keys)
-            return [MeasureResult((self.true[k],), None, "", 0.0, 0.0) for k in keys]
+    def noisy() -> FirstThenLater:
+        return FirstThenLater(lambda n: 1e-5 if n == 3 else true(n), true)
 
     options = TuneOptions(trials=8, measures_per_round=8, params=PARAMS, seed=0, confirm_best=False)
     path = tmp_path / "r.jsonl"
-    runner = Noisy()
+    runner = noisy()
     sched = TaskScheduler(
         [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
     )
     sched.run()
     assert runner.calls == 1 + RETIME_ROUNDS and sched.stats.retimed == 3 * RETIME_ROUNDS
-    first, second = runner.orders
+    first, second = runner.batches
     assert sorted(first) == sorted(second) and first != second and len(first) == 3
     records = list(JSONLinesDatabase(path))
     costs = sorted((r.costs for r in records if len(r.costs) > 1), key=sum)
@@ -463,7 +473,7 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
 
     again = TaskScheduler(
         [TASK], JSONLinesDatabase(path), TuneOptions(trials=0, params=PARAMS), model=RandomModel(0),
-        builder=InstantBuilder(), runner=Noisy(),
+        builder=InstantBuilder(), runner=noisy(),
     )
     assert again.resume() == 8
     again.run()
@@ -475,31 +485,14 @@ def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_
     curse, or a host that slowed down). The three fastest, timed again, come out at +0.13 ms on average, behind eleven
     programs timed once; those are timed beside the incumbent (the fastest re-timed one), RETIME_CHALLENGERS at a
     time, until the task's best is a program timed side by side: never one that was timed once."""
-    from compiler.measure import MeasureResult
-
-    class SlowerLater:
-        cache = WARM
-
-        def __init__(self):
-            self.calls, self.first, self.batches = 0, {}, []
-
-        def run(self, inputs, builds):
-            self.calls += 1
-            keys = [repr(inp.steps) for inp in inputs]
-            if self.calls == 1:
-                self.first = {k: 1e-3 + 1e-5 * n for n, k in enumerate(keys)}
-                return [MeasureResult((self.first[k],), None, "", 0.0, 0.0) for k in keys]
-            self.batches.append(keys)
-            return [MeasureResult((self.first[k] + 2e-4,), None, "", 0.0, 0.0) for k in keys]
-
     options = TuneOptions(trials=16, measures_per_round=16, params=PARAMS, seed=0, confirm_best=False)
     path = tmp_path / "r.jsonl"
-    runner = SlowerLater()
+    runner = FirstThenLater(lambda n: 1e-3 + 1e-5 * n, lambda n: 1e-3 + 1e-5 * n + 2e-4)
     sched = TaskScheduler(
         [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
     )
     sched.run()
-    order = sorted(runner.first, key=runner.first.get)
+    order = sorted(runner.position, key=runner.position.get)  # fastest first
     passes = runner.batches[::RETIME_ROUNDS]
     assert runner.batches[1::RETIME_ROUNDS] != passes  # each round of a pass in another order
     assert sorted(passes[0]) == sorted(order[:3])
