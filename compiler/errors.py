@@ -30,6 +30,10 @@ class UnknownPass(TilefarmError):
     """A graph pass asked to be turned off that is not one of passes.OPTIONAL_PASSES."""
 
 
+class InvalidTarget(TilefarmError):
+    """A target this host cannot build and time code for (TILEFARM_CPU_FEATURES naming a feature it lacks)."""
+
+
 class BuildError(TilefarmError):
     """Code generation or linking failed."""
 

@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.errors import InvalidTarget
+
 _CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
@@ -49,12 +51,16 @@ class Target:
         return f"{self.kind}:{self.mcpu}x{self.cores}"
 
 
+FEATURES_ENV = "TILEFARM_CPU_FEATURES"
+
+
 @functools.cache
 def _host() -> Target:
     import llvmlite.binding as llvm  # imported here so `Target` stays usable where llvmlite is absent
 
     llvm.initialize_native_target()
-    features = _sorted_features(llvm.get_host_cpu_features().flatten())
+    host_features = _sorted_features(llvm.get_host_cpu_features().flatten())
+    features = _edited_features(host_features, os.environ.get(FEATURES_ENV, ""))
     caches = _cache_sizes()
     return Target(
         kind="cpu",
@@ -74,6 +80,24 @@ def _host() -> Target:
 def _sorted_features(flat: str) -> str:
     # sorted so the fingerprint does not depend on the order LLVM happens to list them in
     return ",".join(sorted(f for f in flat.split(",") if f))
+
+
+def _edited_features(host: str, edits: str) -> str:
+    """The host's features with `edits` (TILEFARM_CPU_FEATURES) applied, to generate code an older CPU of the fleet
+    runs too while tuning it here: "-avx512f" turns AVX-512 off (AVX2 code on an AVX-512 host). A "-name" goes last in
+    the sorted string, so LLVM applies it after the host's "+" features and turns off what depends on it as well.
+    Only turning features off is possible (the code is timed on this host); the edited string is part of the
+    fingerprint, so records tuned this way are kept apart from the host's own."""
+    out = [f for f in host.split(",") if f]
+    for edit in (e.strip() for e in edits.split(",")):
+        if not edit:
+            continue
+        if edit[0] != "-" or len(edit) < 2:
+            raise InvalidTarget(f"{FEATURES_ENV}: {edit!r} is not a feature to turn off (-name, as -avx512f)")
+        if f"+{edit[1:]}" not in out:
+            raise InvalidTarget(f"{FEATURES_ENV}: {edit[1:]!r} is not a feature of this host ({host[:60]}...)")
+        out = [f for f in out if f != f"+{edit[1:]}"] + [edit]
+    return _sorted_features(",".join(out))
 
 
 def _vector_bytes(features: str) -> int:

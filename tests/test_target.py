@@ -1,0 +1,86 @@
+"""The code generation target: this host's features, and TILEFARM_CPU_FEATURES turning some of them off."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from compiler.errors import InvalidTarget
+from compiler.target import FEATURES_ENV, Target, _edited_features, _vector_bytes
+
+HOST = "+avx,+avx2,+avx512bw,+avx512f,+fma,-amx-tile,-sse4a"
+
+
+def test_no_edits_is_the_host():
+    assert _edited_features(HOST, "") == HOST
+    assert _edited_features(HOST, " , ") == HOST
+
+
+def test_turning_a_feature_off_drops_it_and_names_it_last():
+    edited = _edited_features(HOST, "-avx512f")
+    assert edited.split(",") == ["+avx", "+avx2", "+avx512bw", "+fma", "-amx-tile", "-avx512f", "-sse4a"]
+    # "-" sorts after "+": LLVM applies the host's features first, then turns avx512f and what needs it off
+    assert edited.index("-avx512f") > edited.index("+avx512bw")
+    assert _vector_bytes(edited) == 32
+    assert _vector_bytes(_edited_features(HOST, "-avx512f,-avx")) == 16
+
+
+@pytest.mark.parametrize(
+    "edits, says",
+    [
+        ("+avx2", "not a feature to turn off"),
+        ("avx2", "not a feature to turn off"),
+        ("-", "not a feature to turn off"),
+        ("-avx10.1", "not a feature of this host"),
+        ("-sse4a", "not a feature of this host"),  # already off
+    ],
+)
+def test_bad_edits_name_what_is_wrong(edits, says):
+    with pytest.raises(InvalidTarget, match=f"{FEATURES_ENV}.*{says}"):
+        _edited_features(HOST, edits)
+
+
+def _widest_feature() -> tuple[str, str]:
+    """The edit that narrows this host's vectors, and the register name that must then be gone from the code."""
+    host = Target.host()
+    if host.has("avx512f"):
+        return "-avx512f", "%zmm"
+    if host.has("avx"):
+        return "-avx", "%ymm"
+    pytest.skip("this host has no AVX to turn off (x86 with AVX needed)")
+
+
+def _kernel(env_edits: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != FEATURES_ENV}
+    if env_edits is not None:
+        env[FEATURES_ENV] = env_edits
+    code = (
+        "from compiler.target import Target; print('fingerprint', Target.host().fingerprint()); "
+        "from tilefarm.cli import main; "
+        "main(['kernel', 'gemm', '--shape', '64,64,64', '--show', 'asm', '--repeat', '1'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_narrower_code_runs_right_and_is_filed_apart():
+    edit, register = _widest_feature()
+    host, narrow = _kernel(None), _kernel(edit)
+    assert register in host and register not in narrow
+    for out in (host, narrow):
+        err = float(re.search(r"max rel error vs numpy (\S+)", out).group(1))
+        assert err < 1e-4
+    fingerprints = [re.search(r"fingerprint (\w+)", out).group(1) for out in (host, narrow)]
+    assert fingerprints[0] == Target.host().fingerprint() != fingerprints[1]
+
+
+def test_a_bad_setting_stops_the_cli_with_its_name_not_a_traceback():
+    env = {**os.environ, FEATURES_ENV: "-no-such-feature"}
+    cmd = [sys.executable, "-m", "tilefarm", "kernel", "gemm", "--shape", "8,8,8", "--repeat", "1"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"error: {FEATURES_ENV}: 'no-such-feature' is not a feature of this host" in out.stderr
+    assert "Traceback" not in out.stderr
