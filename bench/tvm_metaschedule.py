@@ -167,7 +167,12 @@ def run(row: dict, trials: int, seed: int, work_dir: str | None = None) -> dict:
     func = tvm.te.create_prim_func(tensors)
     # num-cores sizes MetaSchedule's parallel rules. The search threads and the build pool keep MetaSchedule's
     # defaults (physical cores; a build killed after 30 s), as tilefarm's own tuner builds on every core.
-    target = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": threads})
+    spec = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": threads}
+    # the features tilefarm's side has turned off (TILEFARM_CPU_FEATURES, e.g. -avx512f), off for TVM as well
+    edits = [e.strip() for e in os.environ.get("TILEFARM_CPU_FEATURES", "").split(",") if e.strip()]
+    if edits:
+        spec["mattr"] = edits
+    target = tvm.target.Target(spec)
     with tempfile.TemporaryDirectory(prefix="tvm-ms-") as tmp:
         work_dir = work_dir or tmp
         start = time.perf_counter()
