@@ -1,5 +1,6 @@
 """The code generation target: this host's features, and TILEFARM_CPU_FEATURES turning some of them off."""
 
+import json
 import os
 import re
 import subprocess
@@ -84,3 +85,17 @@ def test_a_bad_setting_stops_the_cli_with_its_name_not_a_traceback():
     assert out.returncode == 2
     assert f"error: {FEATURES_ENV}: 'no-such-feature' is not a feature of this host" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_tuning_with_edits_files_records_apart_and_says_so(tmp_path):
+    edit, _ = _widest_feature()
+    records = tmp_path / "r.jsonl"
+    env = {**os.environ, FEATURES_ENV: edit}
+    cmd = [sys.executable, "-m", "tilefarm", "tune-kernel", "gemm", "--shape", "16,16,16", "--trials", "2"]
+    cmd += ["--per-round", "2", "--population", "16", "--threads", "1", "--records", str(records)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = re.search(rf"with {edit} \({FEATURES_ENV}\): records filed under host (\w+)", out.stdout)
+    assert said, out.stdout
+    hosts = {json.loads(line)["host"] for line in records.read_text().splitlines()}
+    assert hosts == {said.group(1)} and said.group(1) != Target.host().fingerprint()

@@ -19,7 +19,7 @@ from compiler.errors import TilefarmError
 from compiler.lower import infer_bound, lower
 from compiler.passes import OPTIONAL_PASSES
 from compiler.state import apply_steps, initial_state, step_from_record
-from compiler.target import Target
+from compiler.target import FEATURES_ENV, Target
 from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES
 
 
@@ -129,6 +129,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from compiler.build import build
 
     _check_target(args.target)
+    _print_feature_edits()
     t = time.perf_counter()
     graph = _load_model(args.model, args.input_shapes)
     name = Path(args.output).stem.replace("-", "_") or "model"
@@ -354,12 +355,21 @@ def _cost_model(args: argparse.Namespace, database=None):
     return XGBModel(seed=args.seed, prior=prior)
 
 
+def _print_feature_edits() -> None:
+    """Say so where TILEFARM_CPU_FEATURES narrows the code: its records are filed apart from the host's own."""
+    edits = os.environ.get(FEATURES_ENV, "").strip()
+    if edits:
+        host = Target.host()
+        print(f"code for {host.mcpu} with {edits} ({FEATURES_ENV}): records filed under host {host.fingerprint()}")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
     from compiler.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_timed_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
     print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
+    _print_feature_edits()
     if plan.choices:
         print(
             f"{len(plan.choices)} convs can be compiled in another form: {len(plan.other_forms)} more tasks tuned "
@@ -380,6 +390,7 @@ def cmd_tune_kernel(args: argparse.Namespace) -> int:
 
     inputs, output, _, _ = _kernel(args.name, [int(x) for x in args.shape.split(",")] if args.shape else [])
     dag = ComputeDAG([*inputs, output])
+    _print_feature_edits()
     return _run_tuning([Task(dag.workload_key, dag, args.name)], args)
 
 
