@@ -11,6 +11,7 @@ lowers f only by what it is expected to undercut it.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,8 @@ SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOption
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
 RETIME_PASSES = 4  # passes of the re-timing at most (the first, then challengers beside the incumbent; _retime)
-RETIME_CHALLENGERS = 8  # programs not re-timed but faster than the re-timed best, timed beside it in one pass
+RETIME_CHALLENGERS = 8  # programs not re-timed but faster than the re-timed best, timed beside it in one batch
+RETIME_MAX_CHALLENGERS = 64  # such programs timed per task at most, over all passes
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -464,47 +466,64 @@ class TaskScheduler:
         """Time the task's TuneOptions.retime_best fastest records again, RETIME_ROUNDS times side by side, each
         timing added to its record (Database.remeasured). Timed again, the best usually comes out slower than the
         single timing that made it a best (the winner's curse), and then programs not timed here (timed once, or twice
-        as a new best) may beat it on their timings: those (up to RETIME_CHALLENGERS, the fastest first) are timed
-        side by side with it, the incumbent, pass after pass (RETIME_PASSES in all), until the task's best, the one
-        compile applies, is a program timed beside the others. On a plateau of programs within a few percent of each
-        other (common near the end of a search) a fixed three per pass was not enough: GEMM 1024 ended on a program
-        timed once, 2% ahead of the re-timed ones, that ran 1.4x slower in the benchmark's processes. A task that
-        measured nothing in this run (all its trials resumed) is left alone, and a record this version cannot replay
-        is passed over (compile skips it too)."""
+        as a new best) may beat it on their timings: each later pass times all of those, the fastest first, side by
+        side with it, the incumbent, RETIME_CHALLENGERS at a time (RETIME_MAX_CHALLENGERS per task, RETIME_PASSES in
+        all), until the task's best, the one compile applies, is a program timed beside the others. "Beat" is
+        measured against the incumbent's latest side-by-side timings where those are slower than its mean: a host
+        that slows during the re-timing raises the incumbent's mean pass by pass, and against the mean alone programs
+        timed once would slip ahead of it one pass after another. On a plateau of
+        programs within a few percent of each other (common near the end of a search) a fixed three per pass was not
+        enough: GEMM 1024 ended on a program timed once, 2% ahead of the re-timed ones, that ran 1.4x slower in the
+        benchmark's processes; nor was one batch of eight per pass when the host slowed during the re-timing (AVX2 GEMM
+        1024 at 2 threads: 71 programs timed once in faster minutes were left ahead of the incumbent, and compile took
+        one that ran 12% slower than it). A task that measured nothing in this run (all its trials resumed) is left
+        alone, and a record this version cannot replay is passed over (compile skips it too)."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
         target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
         timed: set[tuple] = set()  # identities of the records timed side by side here
         unreadable: set[tuple] = set()  # identities of records this version cannot replay
+        challengers = RETIME_MAX_CHALLENGERS  # left to time beside an incumbent
         for _ in range(RETIME_PASSES):
-            k = len(timed) + len(unreadable) + self.options.retime_best + RETIME_CHALLENGERS
+            k = len(timed) + len(unreadable) + self.options.retime_best + max(challengers, RETIME_CHALLENGERS)
             ranked = [
                 r for r in self.database.best(p.task.key, target, host, k=k, cache=cache)
                 if r.identity not in unreadable
             ]
             incumbent = next((r for r in ranked if r.identity in timed), None)
             if not timed:
-                todo = ranked[: self.options.retime_best]
+                batches = [ranked[: self.options.retime_best]]
             elif incumbent is None:  # every re-timed one fell behind more than k others: time the fastest of those
-                todo = ranked[:RETIME_CHALLENGERS]
+                batches = [ranked[:RETIME_CHALLENGERS]]
             else:
-                todo = [r for r in ranked if r.identity not in timed and r.mean_cost < incumbent.mean_cost]
-                todo = todo[:RETIME_CHALLENGERS] + [incumbent] if todo else []
-            if not todo:
+                # the bar: the incumbent's mean, or its latest side-by-side timings where those are slower (a host
+                # that slowed since the search timed the others): a program timed once below it may be faster now
+                bar = max(incumbent.mean_cost, statistics.fmean(incumbent.costs[-RETIME_ROUNDS:]))
+                ahead = [r for r in ranked if r.identity not in timed and r.mean_cost < bar][:challengers]
+                challengers -= len(ahead)
+                batches = [
+                    ahead[i : i + RETIME_CHALLENGERS] + [incumbent] for i in range(0, len(ahead), RETIME_CHALLENGERS)
+                ]
+            if not any(batches):
                 break
-            inputs, new = [], 0
-            for r in todo:
-                inp = replay_input(p.task, r)
-                if inp is None:
-                    unreadable.add(r.identity)
-                    continue
-                new += r.identity not in timed
-                timed.add(r.identity)
-                inputs.append(inp)
-            if new:  # (the incumbent alone, its challengers all unreadable, has nothing to be timed beside)
-                self._side_by_side(inputs)
+            for todo in batches:
+                self._time_beside(p, todo, timed, unreadable)
         best = best_replaying(p.task, self.database, self.target, (cache,))
         p.best = best[0].mean_cost if best else math.inf
+
+    def _time_beside(self, p: TaskProgress, todo: list[TuningRecord], timed: set, unreadable: set) -> None:
+        """One batch of `_retime`: these records timed side by side, those this version cannot replay passed over."""
+        inputs, new = [], 0
+        for r in todo:
+            inp = replay_input(p.task, r)
+            if inp is None:
+                unreadable.add(r.identity)
+                continue
+            new += r.identity not in timed
+            timed.add(r.identity)
+            inputs.append(inp)
+        if new:  # (the incumbent alone, its challengers all unreadable, has nothing to be timed beside)
+            self._side_by_side(inputs)
 
     def _side_by_side(self, inputs: list[MeasureInput]) -> None:
         """Build these programs once and time them RETIME_ROUNDS times, each round in another order, into their

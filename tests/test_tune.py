@@ -34,7 +34,14 @@ from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
 from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.tasks import Task
-from compiler.tune import RETIME_CHALLENGERS, RETIME_PASSES, RETIME_ROUNDS, TaskScheduler, TuneOptions
+from compiler.tune import (
+    RETIME_CHALLENGERS,
+    RETIME_MAX_CHALLENGERS,
+    RETIME_PASSES,
+    RETIME_ROUNDS,
+    TaskScheduler,
+    TuneOptions,
+)
 from tests.test_measure import c_library
 
 N = 64
@@ -483,8 +490,9 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
 def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_path):
     """A plateau: 16 programs timed 1.00, 1.01, ... 1.15 ms once, and every later timing 0.2 ms slower (the winner's
     curse, or a host that slowed down). The three fastest, timed again, come out at +0.13 ms on average, behind eleven
-    programs timed once; those are timed beside the incumbent (the fastest re-timed one), RETIME_CHALLENGERS at a
-    time, until the task's best is a program timed side by side: never one that was timed once."""
+    programs timed once, and their latest timings (1.20 ms and up) behind all thirteen; the next pass times those
+    thirteen beside the incumbent (the fastest re-timed one), RETIME_CHALLENGERS at a time, and so on until the task's
+    best is a program timed side by side: never one that was timed once."""
     options = TuneOptions(trials=16, measures_per_round=16, params=PARAMS, seed=0, confirm_best=False)
     path = tmp_path / "r.jsonl"
     runner = FirstThenLater(lambda n: 1e-3 + 1e-5 * n, lambda n: 1e-3 + 1e-5 * n + 2e-4)
@@ -493,17 +501,48 @@ def test_programs_timed_once_that_beat_the_retimed_best_are_timed_beside_it(tmp_
     )
     sched.run()
     order = sorted(runner.position, key=runner.position.get)  # fastest first
-    passes = runner.batches[::RETIME_ROUNDS]
-    assert runner.batches[1::RETIME_ROUNDS] != passes  # each round of a pass in another order
-    assert sorted(passes[0]) == sorted(order[:3])
-    # the second pass: the 8 fastest of the eleven timed once that beat the incumbent (order[0], now 1.133 ms), and it
-    assert sorted(passes[1]) == sorted(order[3 : 3 + RETIME_CHALLENGERS] + order[:1])
-    assert len(passes) <= RETIME_PASSES and sched.stats.retimed == sum(len(b) for b in runner.batches)
+    batches = runner.batches[::RETIME_ROUNDS]
+    assert runner.batches[1::RETIME_ROUNDS] != batches  # each round of a batch in another order
+    assert sorted(batches[0]) == sorted(order[:3])
+    # the second pass: the thirteen timed once below the incumbent's latest timings (order[0]: 1.00, then 1.20 and
+    # 1.20 ms), 8 then 5, each batch beside it
+    assert sorted(batches[1]) == sorted(order[3 : 3 + RETIME_CHALLENGERS] + order[:1])
+    assert sorted(batches[2]) == sorted(order[3 + RETIME_CHALLENGERS :] + order[:1])
+    assert sched.stats.retimed == sum(len(b) for b in runner.batches)
     records = list(JSONLinesDatabase(path))
     best = min(records, key=lambda r: r.mean_cost)
     assert len(best.costs) > 1
     timed_once = [r.mean_cost for r in records if len(r.costs) == 1]
     assert all(c > best.mean_cost for c in timed_once) and best.mean_cost == sched.progress[0].best
+
+
+def test_a_host_slowing_during_the_retiming_leaves_no_program_timed_once_ahead(tmp_path):
+    """A wider plateau (40 programs timed once at 1.000, 1.005, ... 1.195 ms) and a host that slows while the
+    re-timing runs: each later timing is 0.2 ms slower plus 2 us more per batch timed before it. After the first
+    pass the incumbent's mean (1.14 ms) is behind 26 programs timed once, in faster minutes, and its latest timings
+    (1.20 ms) behind all 37; the next pass times those, RETIME_CHALLENGERS at a time beside the incumbent, and the
+    task's best ends a program timed side by side. Against the incumbent's mean alone, programs timed once slipped
+    ahead of it one pass after another, and the fourth pass still left one there."""
+    options = TuneOptions(trials=40, measures_per_round=40, params=PARAMS, seed=0, confirm_best=False)
+    path = tmp_path / "r.jsonl"
+    runner = FirstThenLater(lambda n: 1e-3 + 5e-6 * n, lambda n: 1e-3 + 5e-6 * n + 2e-4)
+    later = runner.later
+    runner.later = lambda n: later(n) + 2e-6 * len(runner.batches)
+    sched = TaskScheduler(
+        [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
+    )
+    sched.run()
+    order = sorted(runner.position, key=runner.position.get)  # fastest first
+    batches = runner.batches[::RETIME_ROUNDS]
+    challengers = [k for b in batches[1:] for k in b if k not in batches[0]]
+    assert len(set(challengers)) <= RETIME_MAX_CHALLENGERS
+    assert all(len(b) <= RETIME_CHALLENGERS + 1 for b in batches[1:])
+    assert set(order[3:]) == set(challengers)  # all 37, in the second pass (5 batches beside the incumbent)
+    assert all(order[0] in b for b in batches[1:]) and len(batches) == 1 + 5
+    records = list(JSONLinesDatabase(path))
+    best = min(records, key=lambda r: r.mean_cost)
+    assert len(best.costs) > 1 and best.mean_cost == sched.progress[0].best
+    assert all(r.mean_cost > best.mean_cost for r in records if len(r.costs) == 1)
 
 
 def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
