@@ -471,13 +471,13 @@ class TaskScheduler:
         all), until the task's best, the one compile applies, is a program timed beside the others. "Beat" is
         measured against the incumbent's latest side-by-side timings where those are slower than its mean: a host
         that slows during the re-timing raises the incumbent's mean pass by pass, and against the mean alone programs
-        timed once would slip ahead of it one pass after another. On a plateau of
-        programs within a few percent of each other (common near the end of a search) a fixed three per pass was not
-        enough: GEMM 1024 ended on a program timed once, 2% ahead of the re-timed ones, that ran 1.4x slower in the
-        benchmark's processes; nor was one batch of eight per pass when the host slowed during the re-timing (AVX2 GEMM
-        1024 at 2 threads: 71 programs timed once in faster minutes were left ahead of the incumbent, and compile took
-        one that ran 12% slower than it). A task that measured nothing in this run (all its trials resumed) is left
-        alone, and a record this version cannot replay is passed over (compile skips it too)."""
+        timed once would slip ahead of it one pass after another. On a plateau of programs within a few percent of
+        each other (common near the end of a search) a fixed three per pass was not enough: GEMM 1024 ended on a
+        program timed once, 2% ahead of the re-timed ones, that ran 1.4x slower in the benchmark's processes; nor was
+        one batch of eight per pass when the host slowed during the re-timing (AVX2 GEMM 1024 at 2 threads: 71
+        programs timed once in faster minutes were left ahead of the incumbent, and compile took one that ran 12%
+        slower than it). A task that measured nothing in this run (all its trials resumed) is left alone, and a record
+        this version cannot replay is passed over (compile skips it too)."""
         if p.trials == p.resumed:  # nothing new since the records it resumed from: they stay as they are
             return
         target, host, cache = target_name(self.target), self.target.fingerprint(), self.runner.cache
