@@ -94,9 +94,10 @@ def _edited_features(host: str, edits: str) -> str:
             continue
         if edit[0] != "-" or len(edit) < 2:
             raise InvalidTarget(f"{FEATURES_ENV}: {edit!r} is not a feature to turn off (-name, as -avx512f)")
-        if f"+{edit[1:]}" not in out:
-            raise InvalidTarget(f"{FEATURES_ENV}: {edit[1:]!r} is not a feature of this host ({host[:60]}...)")
-        out = [f for f in out if f != f"+{edit[1:]}"] + [edit]
+        name = edit[1:]
+        if f"+{name}" not in out:
+            raise InvalidTarget(f"{FEATURES_ENV}: {name!r} is not a feature of this host ({host[:60]}...)")
+        out = [f for f in out if f != f"+{name}"] + [edit]
     return _sorted_features(",".join(out))
 
 
