@@ -525,13 +525,15 @@ def test_a_host_slowing_during_the_retiming_leaves_no_program_timed_once_ahead(t
     re-timing runs: each later timing is 0.2 ms slower plus 2 us more per batch timed before it. After the first
     pass the incumbent's mean (1.14 ms) is behind 26 programs timed once, in faster minutes, and its latest timings
     (1.20 ms) behind all 37; the next pass times those, RETIME_CHALLENGERS at a time beside the incumbent, and the
-    task's best ends a program timed side by side. Against the incumbent's mean alone, programs timed once slipped
+    task's best ends on a program timed side by side. Against the incumbent's mean alone, programs timed once slipped
     ahead of it one pass after another, and the fourth pass still left one there."""
     options = TuneOptions(trials=40, measures_per_round=40, params=PARAMS, seed=0, confirm_best=False)
     path = tmp_path / "r.jsonl"
-    runner = FirstThenLater(lambda n: 1e-3 + 5e-6 * n, lambda n: 1e-3 + 5e-6 * n + 2e-4)
-    later = runner.later
-    runner.later = lambda n: later(n) + 2e-6 * len(runner.batches)
+
+    def later(n: int) -> float:  # 0.2 ms slower, and 2 us more for every batch timed before this one
+        return 1e-3 + 5e-6 * n + 2e-4 + 2e-6 * len(runner.batches)
+
+    runner = FirstThenLater(lambda n: 1e-3 + 5e-6 * n, later)
     sched = TaskScheduler(
         [TASK], JSONLinesDatabase(path), options, model=RandomModel(0), builder=InstantBuilder(), runner=runner
     )
