@@ -31,6 +31,7 @@ from compiler.features import extract
 from compiler.measure import LocalBuilder, LocalRunner
 from compiler.passes import describe_forms
 from compiler.records import JSONLinesDatabase, TuningRecord
+from compiler.search import SearchParams
 from compiler.state import apply_steps, step_from_record
 from compiler.target import Target
 from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES, FormChoice, Task, constant_bytes, weights_timed_cold
@@ -50,9 +51,11 @@ def _tune(
     share_siblings: bool = True,
     cold_constants: bool = False,
     choices: Sequence[FormChoice] = (),
+    params: SearchParams | None = None,
+    seed: int = 0,
 ) -> tuple[TaskScheduler, float]:
-    """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none)."""
-    from compiler.search import SearchParams
+    """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none); `params` replace
+    the search's defaults (population `population`), `seed` seeds the search and the cost model."""
 
     if not resume:
         path.unlink(missing_ok=True)
@@ -65,7 +68,8 @@ def _tune(
             elapsed = time.perf_counter() - start
             print(f"    {s.stats.trials} trials, {elapsed:.0f} s, est. {s.estimated_latency * 1e3:.3f} ms", flush=True)
 
-    opts = TuneOptions(trials=trials, params=SearchParams(population=population), share_siblings=share_siblings)
+    params = params or SearchParams(population=population)
+    opts = TuneOptions(trials=trials, params=params, share_siblings=share_siblings, seed=seed)
     # with cache flushing a sample is one call, so take several; without, one sample of >= 100 ms of calls
     runner = LocalRunner(
         repeat=5 if cache_flush else 1, threads=threads, cache_flush=cache_flush, cold_constants=cold_constants

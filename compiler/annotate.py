@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -287,6 +287,43 @@ def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator, multiple_
 
 
 @dataclass(frozen=True)
+class RegisterFile:
+    """The target's vector registers, for the register block of a multi-level tiled stage: the innermost tile of
+    its space axes, whose values (vectors of `lanes` along the contiguous axis) a reduction loop outside it updates.
+    A block fits when its accumulators, one row of the other operand's vectors and a broadcast value fit in the
+    registers together (`demand`): a 4x16 fp32 block on AVX2 needs 8 + 2 + 1 = 11 of 16 ymm registers, an 8x16 one
+    19 and spills. Ansor samples every factorization alike; with 16 registers about 45% of its GEMM register
+    blocks then need 13 or more (with 32, the same draws' fewer), spill accumulators to the stack in the
+    innermost loop, and measure as such programs measure, slow, taking trials from the blocks that fit. `sample`
+    redraws a block that does not fit, and `mutate` leaves one alone."""
+
+    registers: int
+    lanes: int
+
+    def demand(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> int:
+        """The most registers any of the sketch's register blocks needs with these tile sizes (0 if none has the
+        vector loop in it: a scalar block's pressure is not this model's)."""
+        return max((self.block_demand(sketch, b, tiles) for b in sketch.register_blocks), default=0)
+
+    def block_demand(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]]) -> int:
+        vector = [k for k in block if sketch.tile_contiguous[k]]
+        if not vector:
+            return 0
+        row = -(-tiles[vector[0]][-1] // self.lanes)  # vectors along the contiguous axis, a partial one counted
+        acc = row
+        for k in block:
+            if k != vector[0]:
+                acc *= tiles[k][-1]
+        return acc + row + 1
+
+    def fits(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> bool:
+        return self.demand(sketch, tiles) <= self.registers
+
+
+REDRAWS = 64  # draws of a register block's tiles before taking one that does not fit (none may: a block of 1s fits)
+
+
+@dataclass(frozen=True)
 class Space:
     """What annotation may choose per stage of one sketch (computed once per sketch)."""
 
@@ -335,24 +372,38 @@ def _attach_points(s: State, consumer: str) -> list[str]:
     return out
 
 
-def sample(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0) -> Decisions:
+def sample(
+    sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0, registers: RegisterFile | None = None
+) -> Decisions:
     """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization.
 
     With `lanes` (the target's vector width in elements), a split of a stage's last space axis, whose innermost
     part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
-    draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35)."""
-    return sample_program(sketch, rng, cores, lanes)[0]
+    draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35). With `registers`, a
+    register block that does not fit in them is drawn again (RegisterFile)."""
+    return sample_program(sketch, rng, cores, lanes, registers)[0]
 
 
-def sample_program(sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0) -> tuple[Decisions, State]:
+def sample_program(
+    sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0, registers: RegisterFile | None = None
+) -> tuple[Decisions, State]:
     """`sample`'s decisions and their program (`materialize(sketch, decisions)`), built on the partial programs
     that sampling builds anyway: the search then materializes each random program once, not three times."""
     contiguous = sketch.tile_contiguous
     assert len(contiguous) == len(sketch.tile_steps), "a sketch rule added a tile step without its contiguity flag"
-    tiles = tuple(
-        sample_tile(extent, len(sketch.state.steps[idx].lengths), rng, lanes if vec else 1)
-        for idx, extent, vec in zip(sketch.tile_steps, sketch.tile_extents, contiguous)
-    )
+
+    def draw(k: int) -> tuple[int, ...]:
+        levels = len(sketch.state.steps[sketch.tile_steps[k]].lengths)
+        return sample_tile(sketch.tile_extents[k], levels, rng, lanes if contiguous[k] else 1)
+
+    drawn = [draw(k) for k in range(len(sketch.tile_steps))]
+    for block in sketch.register_blocks if registers is not None else ():
+        for _ in range(REDRAWS):
+            if registers.block_demand(sketch, block, drawn) <= registers.registers:
+                break
+            for k in block:
+                drawn[k] = draw(k)
+    tiles = tuple(drawn)
     sp = space(sketch)
     locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)
     s = _placed(sketch, Decisions(tiles, locations))
@@ -398,6 +449,7 @@ def program_key(state: State) -> str:
 __all__ = [
     "Decisions",
     "InvalidProgram",
+    "RegisterFile",
     "materialize",
     "sample",
     "sample_program",

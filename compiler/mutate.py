@@ -13,6 +13,7 @@ from compiler.annotate import (
     UNROLL_STEPS,
     Decisions,
     InvalidProgram,
+    RegisterFile,
     _divisors,
     _parallel_limit,
     materialize,
@@ -22,8 +23,11 @@ from compiler.sketch import Sketch
 from compiler.state import State
 
 
-def mutate_tile_size(sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator) -> Decisions | None:
-    """Move a factor from one tile level of a split to another; the product (the extent) stays the same."""
+def mutate_tile_size(
+    sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator, registers: RegisterFile | None = None
+) -> Decisions | None:
+    """Move a factor from one tile level of a split to another; the product (the extent) stays the same. None
+    where the move makes a register block that does not fit in `registers` (annotate.RegisterFile)."""
     candidates = [i for i, (ext, t) in enumerate(zip(sketch.tile_extents, d.tiles)) if ext > 1]
     if not candidates:
         return None
@@ -42,6 +46,8 @@ def mutate_tile_size(sketch: Sketch, d: Decisions, state: State, rng: np.random.
     if parts[-1] > MAX_INNERMOST_FACTOR:
         return None
     tiles = d.tiles[:i] + (tuple(parts[1:]),) + d.tiles[i + 1 :]
+    if registers is not None and not registers.fits(sketch, tiles) and registers.fits(sketch, d.tiles):
+        return None
     return replace(d, tiles=tiles)
 
 
@@ -98,13 +104,16 @@ MUTATIONS = (  # Ansor's CPU weights
 )
 
 
-def mutate(sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator) -> Decisions | None:
-    """One mutation chosen by weight (a kind with nothing to change falls through to tile size)."""
+def mutate(
+    sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator, registers: RegisterFile | None = None
+) -> Decisions | None:
+    """One mutation chosen by weight (a kind with nothing to change falls through to tile size); with `registers`,
+    tile-size moves keep register blocks that fit in them fitting."""
     weights = np.array([w for _, w in MUTATIONS])
     k = int(rng.choice(len(MUTATIONS), p=weights / weights.sum()))
-    out = MUTATIONS[k][0](sketch, d, state, rng)
+    out = mutate_tile_size(sketch, d, state, rng, registers) if k == 0 else MUTATIONS[k][0](sketch, d, state, rng)
     if out is None and k != 0:
-        out = mutate_tile_size(sketch, d, state, rng)
+        out = mutate_tile_size(sketch, d, state, rng, registers)
     return out
 
 

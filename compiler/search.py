@@ -27,7 +27,7 @@ from typing import cast
 import numpy as np
 
 from compiler import dtypes, features
-from compiler.annotate import Decisions, InvalidProgram, materialize, program_key, sample_program
+from compiler.annotate import Decisions, InvalidProgram, RegisterFile, materialize, program_key, sample_program
 from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
 from compiler.errors import TilefarmError
@@ -59,6 +59,9 @@ class SearchParams:
     # draw the vector loop's innermost tile from multiples of the target's lanes (annotate.sample); False draws
     # every tile uniformly, as Ansor does
     lane_tiles: bool = True
+    # draw and mutate register blocks within the target's vector registers (annotate.RegisterFile); False leaves
+    # them to the cost model, as Ansor does
+    register_tiles: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,9 @@ class SearchPolicy:
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         out_dtype = self.dag.op(self.dag.outputs[0]).dtype
         # the vector width in output elements
-        self.lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype) if self.params.lane_tiles else 0
+        lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype)
+        self.lanes = lanes if self.params.lane_tiles else 0
+        self.registers = RegisterFile(self.target.vector_registers, lanes) if self.params.register_tiles else None
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured
@@ -147,7 +152,7 @@ class SearchPolicy:
             for _ in range(n - len(out)):
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
-                    d, state = sample_program(self.sketches[i], self.rng, self.target.cores, self.lanes)
+                    d, state = sample_program(self.sketches[i], self.rng, self.target.cores, self.lanes, self.registers)
                     c = Candidate(i, d, state, program_key(state))
                 except InvalidProgram:
                     self.stats.invalid += 1
@@ -340,7 +345,7 @@ class SearchPolicy:
                 out.append(parent)
                 continue
             sketch = self.sketches[parent.sketch_index]
-            d = mutate(sketch, parent.decisions, parent.state, self.rng)
+            d = mutate(sketch, parent.decisions, parent.state, self.rng, self.registers)
             if d is None:
                 continue
             try:

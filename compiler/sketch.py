@@ -38,6 +38,9 @@ class Sketch:
     rules: tuple[str, ...]  # the rules that made it, outermost stage first, for printing and tests
     # per tile step: it splits its stage's last space axis, whose innermost part is the vector loop
     tile_contiguous: tuple[bool, ...]
+    # per multi-level tiled stage, the positions in tile_steps of its space axes' splits: their innermost parts
+    # are the register block, the accumulators its reduction loops update (annotate.RegisterFile)
+    register_blocks: tuple[tuple[int, ...], ...] = ()
 
     def __str__(self):
         return f"sketch [{', '.join(self.rules)}]\n{self.state}"
@@ -50,6 +53,7 @@ class _Partial:
     tile_steps: tuple[int, ...] = ()
     tile_extents: tuple[int, ...] = ()
     tile_contiguous: tuple[bool, ...] = ()
+    register_blocks: tuple[tuple[int, ...], ...] = ()
     tiled: frozenset[str] = frozenset()
     fixed: frozenset[str] = frozenset()
     rules: tuple[str, ...] = ()
@@ -72,7 +76,12 @@ def _generate(dag: ComputeDAG, cores: int, pack: bool) -> tuple[Sketch, ...]:
     while work:
         p = work.pop()
         if p.index < 0:
-            done.append(Sketch(p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules, p.tile_contiguous))
+            done.append(
+                Sketch(
+                    p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules, p.tile_contiguous,
+                    p.register_blocks,
+                )
+            )
             continue
         stage = p.state.stages[p.index]
         if stage.op.is_placeholder:
@@ -464,6 +473,7 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
     levels = {k: TILE_STRUCTURE.count(k) for k in "SR"}
     tile_steps, tile_extents, splits = list(p.tile_steps), list(p.tile_extents), {}
     contiguous = list(p.tile_contiguous)
+    block: list[int] = []
     last_space = [it.name for it in s.stage(sid).iters if it.kind == "spatial"][-1:]
     parts: dict[str, list[str]] = {}
     for it in s.stage(sid).iters:
@@ -472,6 +482,8 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
             parts[it.name] = [it.name]
             continue
         splits[it.name] = len(s.steps)
+        if it.kind == "spatial":
+            block.append(len(tile_steps))
         tile_steps.append(len(s.steps))
         tile_extents.append(it.extent)
         contiguous.append([it.name] == last_space)
@@ -493,6 +505,7 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
         tile_steps=tuple(tile_steps),
         tile_extents=tuple(tile_extents),
         tile_contiguous=tuple(contiguous),
+        register_blocks=p.register_blocks + ((tuple(block),) if block else ()),
         tiled=p.tiled | {name},
         fixed=p.fixed | {name},
         splits={**p.splits, name: splits},

@@ -42,6 +42,14 @@ class Target:
         """True if LLVM feature `feature` (e.g. "avx512f") is enabled."""
         return f"+{feature}" in self.features.split(",")
 
+    @property
+    def vector_registers(self) -> int:
+        """Architectural vector registers code may keep values in: 32 with AVX-512 (zmm0-31) and on AArch64, 16 on
+        x86-64 otherwise (ymm0-15 / xmm0-15)."""
+        if self.has("avx512f") or self.triple.startswith(("aarch64", "arm64")):
+            return 32
+        return 16
+
     def fingerprint(self) -> str:
         """Stable short hash of what a timing depends on: CPU model, LLVM cpu name and features, core count."""
         key = "|".join((self.kind, self.cpu_model, self.mcpu, self.features, str(self.cores)))

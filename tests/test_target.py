@@ -99,3 +99,12 @@ def test_tuning_with_edits_files_records_apart_and_says_so(tmp_path):
     assert said, out.stdout
     hosts = {json.loads(line)["host"] for line in records.read_text().splitlines()}
     assert hosts == {said.group(1)} and said.group(1) != Target.host().fingerprint()
+
+
+def test_vector_registers_follow_the_widest_vector_feature_and_the_architecture():
+    assert Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+avx512f,+fma").vector_registers == 32
+    assert Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+fma,-avx512f").vector_registers == 16
+    assert Target(triple="x86_64-unknown-linux-gnu", features="+sse2").vector_registers == 16
+    assert Target(triple="aarch64-unknown-linux-gnu", features="+neon").vector_registers == 32
+    edited = _edited_features("+avx,+avx2,+avx512f,+fma", "-avx512f")
+    assert Target(triple="x86_64-unknown-linux-gnu", features=edited).vector_registers == 16
