@@ -5,10 +5,13 @@
 
 One tuning run lands anywhere in a range (AVX2 GEMM 1024, 256 trials, three runs on a Zen 4: 21.2-26.2 ms), so a
 change to the search is judged over seeds: for each seed it tunes from scratch with the switch off and on (in
-alternating order, so neither arm always meets the host's slower minutes first), then times every run's best
-program in fresh processes next to numpy/OpenBLAS and onnxruntime (bench.timing, as bench.tuning does) and prints
-per run the tuner's best, the fresh median, the ratio to OpenBLAS (GEMMs) or onnxruntime, and how many of its
-measured programs had a register block that does not fit in the target's vector registers (annotate.RegisterFile).
+alternating order, so neither arm always meets the host's slower minutes first). Then every run's best program is
+compiled in one fresh process and timed side by side with the others and numpy/OpenBLAS (GEMMs) or onnxruntime
+(interleaved samples, medians, as bench.kernels does), in three such processes: on a host whose speed moves by a
+third between processes (OpenBLAS's AVX2 GEMM 1024 on an Emerald Rapids VM: 28.6-38.6 ms), runs timed in separate
+processes compare the minutes they were timed in, side by side they compare the programs. It prints per run the
+tuner's best, the median over the processes of its time relative to the reference, and how many of its measured
+programs had a register block that does not fit in the target's vector registers (annotate.RegisterFile).
 """
 
 from __future__ import annotations
@@ -16,21 +19,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
+import sys
 from pathlib import Path
 
-from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS
-from bench.timing import in_fresh_process
+import numpy as np
+
+from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
+from bench.timing import MAX_REL_DIFF, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
 from compiler import dtypes
 from compiler.annotate import Decisions, RegisterFile
 from compiler.dag import ComputeDAG
+from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
 from compiler.search import SearchParams
 from compiler.sketch import generate_sketches
 from compiler.target import Target
 from compiler.tasks import Task
 
+PROCESSES = 3  # fresh timing processes
 SWITCHES = tuple(f.name for f in dataclasses.fields(SearchParams) if f.type in ("bool", bool))
 
 
@@ -48,9 +57,45 @@ def over_budget(dag: ComputeDAG, path: Path) -> tuple[int, int]:
     return over, total
 
 
+def time_side_by_side(name: str, records: dict[str, Path], threads: int, repeat: int) -> dict:
+    """In this process: each records file's best program compiled, checked against the reference and timed in turn
+    with the others and the reference (and the L3 probe); the medians, as bench.timing gives them."""
+    from threadpoolctl import threadpool_limits
+
+    from compiler.codegen import compile_funcs
+    from compiler.lower import lower
+    from compiler.state import apply_steps, step_from_record
+
+    w = tuning_workload(name)
+    dag = ComputeDAG([*w.inputs, w.output])
+    ref_arrays, arrays = w.arrays()
+    ort_fn, ort_result = onnx_session(w, ref_arrays, threads)
+    ref = ort_result()
+    systems: dict = {}
+    for label, path in records.items():
+        db = JSONLinesDatabase(path)
+        best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
+        kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), label)])[label]
+        out = aligned(np.zeros(w.output.shape, np.float32))
+        kernel(*arrays, out)
+        rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        if not rel < MAX_REL_DIFF:
+            raise AssertionError(f"{label}'s best {name} is wrong: max rel diff {rel:.2e} against onnxruntime")
+        systems[label] = lambda kernel=kernel, out=out: kernel(*arrays, out)
+    if name.startswith("gemm"):
+        systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
+    else:
+        systems["onnxruntime"] = ort_fn
+    with threadpool_limits(limits=threads, user_api="blas"):
+        medians, probe_gbs = interleaved_with_probe(systems, repeat, min_ms=30)
+    return {"medians_s": medians, "l3_probe_gbs": probe_gbs}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--switch", required=True, choices=SWITCHES)
+    p.add_argument("--time", metavar="WORKLOAD", help="(internal) time LABEL=RECORDS side by side in this process")
+    p.add_argument("records", nargs="*", help="(with --time) LABEL=RECORDS.jsonl")
+    p.add_argument("--switch", choices=SWITCHES)
     p.add_argument("--workload", default="gemm_1024")
     p.add_argument("--trials", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
@@ -60,6 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--records-dir", default="bench/results/records-ab")
     p.add_argument("--json", help="write the rows here as a JSON list")
     args = p.parse_args(argv)
+    if args.time:
+        os.environ["TILEFARM_NUM_THREADS"] = str(args.threads)
+        runs = {label: Path(path) for label, path in (r.split("=", 1) for r in args.records)}
+        print(json.dumps(time_side_by_side(args.time, runs, args.threads, args.repeat)))
+        return
+    if args.switch is None:
+        p.error("--switch is required")
     (w,) = [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if w.name == args.workload] or [None]
     if w is None:
         p.error(f"--workload: no tuning workload named {args.workload!r}")
@@ -93,12 +145,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"{best.mean_cost * 1e3:.3f} ms, {over} of {total} measured programs over the register file",
                 flush=True,
             )
-    print("timing every run's best in fresh processes:")
+    print("timing every run's best side by side in fresh processes:")
+    labels = [f"s{r['seed']}-{'on' if r['on'] else 'off'}" for r in runs]
+    cmd = [sys.executable, "-m", "bench.search_ab", "--time", w.name, "--threads", str(args.threads)]
+    cmd += ["--repeat", str(args.repeat), *(f"{label}={r['path']}" for label, r in zip(labels, runs))]
+    env = {**os.environ, **fair_openblas_env()}
+    timed = [json_from_process(cmd, "side-by-side timing", env) for _ in range(PROCESSES)]
     rows = []
-    for run in runs:
-        timed = in_fresh_process("kernel", w.name, run["path"], args.threads, args.repeat)
-        med = timed["medians_s"]
-        ratio = med[reference] / med["tilefarm-tuned"]
+    for label, run in zip(labels, runs):
+        ratios = [t["medians_s"][reference] / t["medians_s"][label] for t in timed]
         row = {
             "workload": w.name,
             "switch": args.switch,
@@ -108,27 +163,28 @@ def main(argv: list[str] | None = None) -> None:
             "trials": args.trials,
             "tuning_s": round(run["tuning_s"], 1),
             "tuner_best_ms": round(run["tuner_best_ms"], 4),
-            "median_ms": round(med["tilefarm-tuned"] * 1e3, 4),
-            f"{reference}_ms": round(med[reference] * 1e3, 4),
-            "ratio": round(ratio, 3),
+            "median_ms": round(statistics.median(t["medians_s"][label] for t in timed) * 1e3, 4),
+            f"{reference}_ms": [round(t["medians_s"][reference] * 1e3, 4) for t in timed],
+            "ratio": round(statistics.median(ratios), 3),
+            "ratios": [round(r, 3) for r in ratios],
             "over_budget": run["over_budget"],
             "measured": run["measured"],
-            "l3_probe_gbs": timed["l3_probe_gbs"],
         }
         rows.append(row)
         print(
-            f"  seed {row['seed']} {args.switch}={row['on']}: {row['median_ms']:.3f} ms against {reference} "
-            f"{row[f'{reference}_ms']:.3f} ms: {ratio:.2f}x (L3 probe {timed['l3_probe_gbs']} GB/s)",
+            f"  seed {row['seed']} {args.switch}={row['on']}: {row['median_ms']:.3f} ms, {row['ratio']:.2f}x "
+            f"{reference} (processes: {', '.join(f'{r:.2f}' for r in ratios)})",
             flush=True,
         )
+    refs = ", ".join(f"{t['medians_s'][reference] * 1e3:.2f}" for t in timed)
+    print(f"  {reference}: {refs} ms; L3 probe {', '.join(str(t['l3_probe_gbs']) for t in timed)} GB/s")
     for on in (False, True):
         arm = [r for r in rows if r["on"] == on]
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in arm)
         print(
             f"{args.switch}={on}: ratio to {reference} median {statistics.median(r['ratio'] for r in arm):.2f}x "
-            f"(runs {ratios}), tuning median "
-            f"{statistics.median(r['tuning_s'] for r in arm):.0f} s, programs over the register file "
-            f"{sum(r['over_budget'] for r in arm)} of {sum(r['measured'] for r in arm)}"
+            f"(runs {ratios}), tuning median {statistics.median(r['tuning_s'] for r in arm):.0f} s, programs over "
+            f"the register file {sum(r['over_budget'] for r in arm)} of {sum(r['measured'] for r in arm)}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
