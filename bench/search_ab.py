@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="write the rows here as a JSON list")
     args = p.parse_args(argv)
     if args.time:
+        if not all("=" in r for r in args.records):
+            p.error("--time takes LABEL=RECORDS.jsonl arguments")
         os.environ["TILEFARM_NUM_THREADS"] = str(args.threads)
         runs = {label: Path(path) for label, path in (r.split("=", 1) for r in args.records)}
         print(json.dumps(time_side_by_side(args.time, runs, args.threads, args.repeat)))
@@ -115,19 +117,24 @@ def main(argv: list[str] | None = None) -> None:
     (w,) = [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if w.name == args.workload] or [None]
     if w is None:
         p.error(f"--workload: no tuning workload named {args.workload!r}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds: {args.seeds!r} is not a comma-separated list of integers")
     records_dir = Path(args.records_dir)
     records_dir.mkdir(parents=True, exist_ok=True)
     dag = ComputeDAG([*w.inputs, w.output])
     reference = "numpy-openblas" if w.name.startswith("gemm") else "onnxruntime"
     print(f"{w.name}, {args.trials} trials, {args.threads} thread(s), {args.switch} off/on, seeds {args.seeds}")
     runs = []
-    for n, seed in enumerate(int(s) for s in args.seeds.split(",")):
+    for n, seed in enumerate(seeds):
         for on in (False, True) if n % 2 == 0 else (True, False):
             path = records_dir / f"{w.name}-{args.threads}t-{args.switch}-{'on' if on else 'off'}-s{seed}.jsonl"
             params = dataclasses.replace(SearchParams(population=args.population), **{args.switch: on})
             task = Task(dag.workload_key, dag, w.name)
             sched, _ = _tune([task], args.trials, args.threads, path, args.population, False, params=params, seed=seed)
-            best = JSONLinesDatabase(path).best(dag.workload_key, next(iter(JSONLinesDatabase(path))).target, k=1)[0]
+            db = JSONLinesDatabase(path)
+            best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
             over, total = over_budget(dag, path)
             runs.append(
                 {

@@ -31,3 +31,7 @@ def test_the_switches_are_the_search_params_booleans_and_a_bad_workload_is_named
         main(["--switch", "register_tiles", "--workload", "gemm_7"])
     assert e.value.code == 2
     assert "no tuning workload named 'gemm_7'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--switch", "register_tiles", "--seeds", "0,one"])
+    assert e.value.code == 2
+    assert "--seeds: '0,one' is not a comma-separated list of integers" in capsys.readouterr().err
