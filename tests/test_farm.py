@@ -119,8 +119,11 @@ def test_a_farm_tunes_through_rest_and_survives_a_killed_worker(farm, tmp_path, 
     from compiler.examples import save
 
     client, procs = farm
-    alive = _wait("two live workers", lambda: [w for w in _ok(client.get("/api/v1/workers")) if w["alive"]], 90)
-    assert {w["name"] for w in alive} >= {"w1@farm", "w2@farm"}
+    def both_alive() -> bool:  # each worker registers on its own clock: wait for both, not for the first
+        alive = {w["name"] for w in _ok(client.get("/api/v1/workers")) if w["alive"]}
+        return alive >= {"w1@farm", "w2@farm"}
+
+    _wait("two live workers", both_alive, 90)
 
     model_path = tmp_path / "tiny.onnx"
     save("tiny_cnn", model_path)
