@@ -29,7 +29,6 @@ import numpy as np
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
 from bench.timing import MAX_REL_DIFF, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
-from compiler import dtypes
 from compiler.annotate import Decisions, RegisterFile
 from compiler.dag import ComputeDAG
 from compiler.measure_worker import aligned
@@ -46,8 +45,8 @@ SWITCHES = tuple(f.name for f in dataclasses.fields(SearchParams) if f.type in (
 def over_budget(dag: ComputeDAG, path: Path) -> tuple[int, int]:
     """(measured programs of the search whose register block does not fit in this host's registers, all of them)."""
     target = Target.host()
-    lanes = target.vector_bytes // dtypes.itemsize(dag.op(dag.outputs[0]).dtype)
-    registers, sketches = RegisterFile(target.vector_registers, lanes), generate_sketches(dag, target)
+    registers = RegisterFile.of(target, dag.op(dag.outputs[0]).dtype)
+    sketches = generate_sketches(dag, target)
     over = total = 0
     for r in JSONLinesDatabase(path):
         if r.trace is None:  # the default schedule

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from compiler import te
+from compiler import dtypes, te
 from compiler.errors import TilefarmError
 from compiler.lower import infer_bound
 from compiler.matrix_transform import is_matrix_transform
@@ -34,6 +34,7 @@ from compiler.state import (
     apply_steps,
     derive,
 )
+from compiler.target import Target
 
 MAX_INNERMOST_FACTOR = 64  # Ansor's max_innermost_split_factor
 MAX_VECTORIZE = 64  # MetaSchedule's LLVM max vectorize extent (Ansor: 16); 64 fp32 = 4 AVX-512 registers
@@ -300,6 +301,11 @@ class RegisterFile:
 
     registers: int
     lanes: int
+
+    @staticmethod
+    def of(target: Target, dtype: str) -> RegisterFile:
+        """The target's vector registers, each `target.vector_bytes` wide: lanes of `dtype` (the stage's output)."""
+        return RegisterFile(target.vector_registers, target.vector_bytes // dtypes.itemsize(dtype))
 
     def demand(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> int:
         """The most registers any of the sketch's register blocks needs with these tile sizes (0 if none has the

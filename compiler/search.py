@@ -26,7 +26,7 @@ from typing import cast
 
 import numpy as np
 
-from compiler import dtypes, features
+from compiler import features
 from compiler.annotate import Decisions, InvalidProgram, RegisterFile, materialize, program_key, sample_program
 from compiler.cost_model import CostModel
 from compiler.dag import ComputeDAG
@@ -112,9 +112,9 @@ class SearchPolicy:
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         out_dtype = self.dag.op(self.dag.outputs[0]).dtype
         # the vector width in output elements
-        lanes = self.target.vector_bytes // dtypes.itemsize(out_dtype)
-        self.lanes = lanes if self.params.lane_tiles else 0
-        self.registers = RegisterFile(self.target.vector_registers, lanes) if self.params.register_tiles else None
+        registers = RegisterFile.of(self.target, out_dtype)
+        self.lanes = registers.lanes if self.params.lane_tiles else 0
+        self.registers = registers if self.params.register_tiles else None
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured
