@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
-from bench.timing import MAX_REL_DIFF, interleaved_with_probe, json_from_process
+from bench.timing import MAX_REL_DIFF, best_kernel, best_record, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
 from compiler.annotate import Decisions, RegisterFile
 from compiler.dag import ComputeDAG
@@ -61,10 +61,6 @@ def time_side_by_side(name: str, records: dict[str, Path], threads: int, repeat:
     with the others and the reference (and the L3 probe); the medians, as bench.timing gives them."""
     from threadpoolctl import threadpool_limits
 
-    from compiler.codegen import compile_funcs
-    from compiler.lower import lower
-    from compiler.state import apply_steps, step_from_record
-
     w = tuning_workload(name)
     dag = ComputeDAG([*w.inputs, w.output])
     ref_arrays, arrays = w.arrays()
@@ -72,9 +68,7 @@ def time_side_by_side(name: str, records: dict[str, Path], threads: int, repeat:
     ref = ort_result()
     systems: dict = {}
     for label, path in records.items():
-        db = JSONLinesDatabase(path)
-        best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
-        kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), label)])[label]
+        kernel = best_kernel(dag, path, label)
         out = aligned(np.zeros(w.output.shape, np.float32))
         kernel(*arrays, out)
         rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -132,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             params = dataclasses.replace(SearchParams(population=args.population), **{args.switch: on})
             task = Task(dag.workload_key, dag, w.name)
             sched, _ = _tune([task], args.trials, args.threads, path, args.population, False, params=params, seed=seed)
-            db = JSONLinesDatabase(path)
-            best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
+            best = best_record(dag, path)
             over, total = over_budget(dag, path)
             runs.append(
                 {

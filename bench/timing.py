@@ -32,19 +32,30 @@ from compiler.records import JSONLinesDatabase
 MAX_REL_DIFF = 1e-4
 
 
-def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
-    from threadpoolctl import threadpool_limits
+def best_record(dag, records: Path):
+    """The fastest record of the DAG's workload in a records file (of the file's target)."""
+    db = JSONLinesDatabase(records)
+    return db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
 
+
+def best_kernel(dag, records: Path, name: str):
+    """The best record's program of the DAG's workload in a records file, compiled as function `name`."""
     from compiler.codegen import compile_funcs
-    from compiler.dag import ComputeDAG
     from compiler.lower import lower
     from compiler.state import apply_steps, step_from_record
 
+    steps = [step_from_record(s) for s in best_record(dag, records).steps]
+    return compile_funcs([lower(apply_steps(dag, steps), name)])[name]
+
+
+def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
+    from threadpoolctl import threadpool_limits
+
+    from compiler.dag import ComputeDAG
+
     w = tuning_workload(name)
     dag = ComputeDAG([*w.inputs, w.output])
-    db = JSONLinesDatabase(records)
-    best = db.best(dag.workload_key, next(iter(db)).target, k=1)[0]
-    kernel = compile_funcs([lower(apply_steps(dag, [step_from_record(s) for s in best.steps]), "tuned")])["tuned"]
+    kernel = best_kernel(dag, records, "tuned")
     ref_arrays, arrays = w.arrays()
     out = aligned(np.zeros(w.output.shape, np.float32))
     ort_fn, ort_result = onnx_session(w, ref_arrays, threads)
