@@ -12,7 +12,8 @@ from compiler import te
 from compiler.errors import LoweringError
 from compiler.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, Store, seq
 from compiler.matrix_transform import is_matrix_transform
-from compiler.simplify import Ranges, simplify, symbolic_range
+from compiler.partition import partition_loops
+from compiler.simplify import Ranges, simplify, simplify_stmt, symbolic_range
 from compiler.state import Stage, State, derive, identity
 from compiler.te import Const, Expr, Load, Reduce, Var
 
@@ -221,7 +222,7 @@ class _Lowering:
             if not dag.is_output(s.name):
                 body = Allocate(self.buffer(s.name), body)
         params = tuple(Buffer(n, dag.op(n).dtype, dag.op(n).shape) for n in dag.inputs + dag.outputs)
-        return Func(name, params, _simplify_stmt(body, self.ranges) if simplify else body)
+        return Func(name, params, partition_loops(simplify_stmt(body, self.ranges), self.ranges) if simplify else body)
 
 
 def lower(state: State, name: str = "kernel", simplify: bool = True) -> Func:
@@ -302,24 +303,3 @@ def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
         then, steps = _auto_unroll(s.then, own, max_step)
         return IfThenElse(s.cond, then, s.orelse), steps
     return s, 1
-
-
-def _simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
-    if isinstance(s, For):
-        return replace(s, body=_simplify_stmt(s.body, ranges))
-    if isinstance(s, Seq):
-        return seq(*(_simplify_stmt(c, ranges) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _simplify_stmt(s.body, ranges))
-    if isinstance(s, IfThenElse):
-        cond = simplify(s.cond, ranges)
-        if isinstance(cond, Const):
-            return (
-                _simplify_stmt(s.then, ranges)
-                if cond.value
-                else (_simplify_stmt(s.orelse, ranges) if s.orelse else Seq(()))
-            )
-        return IfThenElse(cond, _simplify_stmt(s.then, ranges), s.orelse and _simplify_stmt(s.orelse, ranges))
-    if isinstance(s, Store):
-        return Store(s.buffer, simplify(s.index, ranges), simplify(s.value, ranges))
-    return s

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from compiler import dtypes, te
+from compiler.loopir import Allocate, For, IfThenElse, Seq, Stmt, Store, seq
 from compiler.te import Binary, Cast, Const, Expr, Select, Unary, Var
 
 Ranges = dict[str, tuple[int, int]]  # var name -> inclusive [lo, hi]
@@ -286,6 +288,28 @@ def _simplify(e: Expr, ranges: Ranges) -> Expr:
         return n
 
     return te.rewrite(e, visit)
+
+
+def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
+    """`simplify` on every index, value and guard; a guard that folds to a constant leaves its taken branch."""
+    if isinstance(s, For):
+        return replace(s, body=simplify_stmt(s.body, ranges))
+    if isinstance(s, Seq):
+        return seq(*(simplify_stmt(c, ranges) for c in s.stmts))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, simplify_stmt(s.body, ranges))
+    if isinstance(s, IfThenElse):
+        cond = simplify(s.cond, ranges)
+        if isinstance(cond, Const):
+            return (
+                simplify_stmt(s.then, ranges)
+                if cond.value
+                else (simplify_stmt(s.orelse, ranges) if s.orelse else Seq(()))
+            )
+        return IfThenElse(cond, simplify_stmt(s.then, ranges), s.orelse and simplify_stmt(s.orelse, ranges))
+    if isinstance(s, Store):
+        return Store(s.buffer, simplify(s.index, ranges), simplify(s.value, ranges))
+    return s
 
 
 # ---------------------------------------------------------------------------------------------- regions
