@@ -325,8 +325,17 @@ class RegisterFile:
     def fits(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> bool:
         return self.demand(sketch, tiles) <= self.registers
 
+    def most_rows(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
+        """The longest innermost tile of the block's non-contiguous axis `k` with which the block fits (at least 1):
+        demand grows by one row's accumulators per unit of it."""
+        one = list(tiles)
+        one[k] = (*tiles[k][:-1], 1)
+        per_row = self.block_demand(sketch, block, one) - 1
+        return max(1, (self.registers - 1) // per_row) if per_row > 0 else 1
+
 
 REDRAWS = 64  # draws of a register block's tiles before taking one that does not fit (none may: a block of 1s fits)
+RAGGED_SHARE = 0.5  # of register blocks drawn with `ragged`, the share whose rows are drawn from every fitting count
 
 
 @dataclass(frozen=True)
@@ -353,9 +362,7 @@ def space(sketch: Sketch) -> Space:
         locs.append((st.name, tuple(options)))
     # a matrix transform's tile loops are unrolled by its structure already
     reductions = tuple(
-        st.name
-        for st in s.stages
-        if st.op.reduce_axes and st.compute_at != "inline" and not is_matrix_transform(st.op)
+        st.name for st in s.stages if st.op.reduce_axes and st.compute_at != "inline" and not is_matrix_transform(st.op)
     )
     return Space(tuple(locs), reductions)
 
@@ -379,19 +386,33 @@ def _attach_points(s: State, consumer: str) -> list[str]:
 
 
 def sample(
-    sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0, registers: RegisterFile | None = None
+    sketch: Sketch,
+    rng: np.random.Generator,
+    cores: int,
+    lanes: int = 0,
+    registers: RegisterFile | None = None,
+    ragged: bool = False,
 ) -> Decisions:
     """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization.
 
     With `lanes` (the target's vector width in elements), a split of a stage's last space axis, whose innermost
     part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
     draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35). With `registers`, a
-    register block that does not fit in them is drawn again (RegisterFile)."""
-    return sample_program(sketch, rng, cores, lanes, registers)[0]
+    register block that does not fit in them is drawn again (RegisterFile). With `ragged` as well, half the blocks
+    (RAGGED_SHARE) take the innermost tile of one of their rows (a non-contiguous axis) from every count that fits,
+    divisor of the extent or not: AVX2's 16 registers hold 6 rows of two 8-lane accumulators and a broadcast, but
+    1024 rows have no divisor between 4 and 8, and 4x16 blocks keep 8 FMAs in flight where the 2 FMA units of
+    5-cycle latency want 10 (partition.py runs the tail block without guards in its innermost loops)."""
+    return sample_program(sketch, rng, cores, lanes, registers, ragged)[0]
 
 
 def sample_program(
-    sketch: Sketch, rng: np.random.Generator, cores: int, lanes: int = 0, registers: RegisterFile | None = None
+    sketch: Sketch,
+    rng: np.random.Generator,
+    cores: int,
+    lanes: int = 0,
+    registers: RegisterFile | None = None,
+    ragged: bool = False,
 ) -> tuple[Decisions, State]:
     """`sample`'s decisions and their program (`materialize(sketch, decisions)`), built on the partial programs
     that sampling builds anyway: the search then materializes each random program once, not three times."""
@@ -409,6 +430,11 @@ def sample_program(
                 break
             for k in block:
                 drawn[k] = draw(k)
+        rows = [k for k in block if not contiguous[k]]
+        if ragged and rows and registers.block_demand(sketch, block, drawn) and rng.random() < RAGGED_SHARE:
+            k = rows[rng.integers(len(rows))]
+            most = min(registers.most_rows(sketch, block, drawn, k), sketch.tile_extents[k], MAX_INNERMOST_FACTOR)
+            drawn[k] = (*drawn[k][:-1], int(rng.integers(1, most + 1)))
     tiles = tuple(drawn)
     sp = space(sketch)
     locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)

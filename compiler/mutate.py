@@ -26,14 +26,15 @@ from compiler.state import State
 def mutate_tile_size(
     sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator, registers: RegisterFile | None = None
 ) -> Decisions | None:
-    """Move a factor from one tile level of a split to another; the product (the extent) stays the same. None
-    where the move makes a register block that does not fit in `registers` (annotate.RegisterFile)."""
+    """Move a factor from one tile level of a split to another; the product (the extent, or where the levels do
+    not divide it, the extent rounded up to a multiple of theirs) stays the same. None where the move makes a
+    register block that does not fit in `registers` (annotate.RegisterFile)."""
     candidates = [i for i, (ext, t) in enumerate(zip(sketch.tile_extents, d.tiles)) if ext > 1]
     if not candidates:
         return None
     i = candidates[rng.integers(len(candidates))]
     extent, lengths = sketch.tile_extents[i], d.tiles[i]
-    parts = [extent // _prod(lengths), *lengths]
+    parts = [-(-extent // _prod(lengths)), *lengths]
     sources = [k for k, v in enumerate(parts) if v > 1]
     if not sources:
         return None

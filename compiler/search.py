@@ -62,6 +62,9 @@ class SearchParams:
     # draw and mutate register blocks within the target's vector registers (annotate.RegisterFile); False leaves
     # them to the cost model, as Ansor does
     register_tiles: bool = True
+    # with register_tiles, draw half the register blocks' rows from every count that fits, not only the extent's
+    # divisors (annotate.sample; partition.py makes the tails cheap); False draws divisors alone
+    ragged_rows: bool = True
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class SearchPolicy:
         registers = RegisterFile.of(self.target, out_dtype)
         self.lanes = registers.lanes if self.params.lane_tiles else 0
         self.registers = registers if self.params.register_tiles else None
+        self.ragged = self.params.ragged_rows and self.registers is not None
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured
@@ -152,7 +156,9 @@ class SearchPolicy:
             for _ in range(n - len(out)):
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
-                    d, state = sample_program(self.sketches[i], self.rng, self.target.cores, self.lanes, self.registers)
+                    d, state = sample_program(
+                        self.sketches[i], self.rng, self.target.cores, self.lanes, self.registers, self.ragged
+                    )
                     c = Candidate(i, d, state, program_key(state))
                 except InvalidProgram:
                     self.stats.invalid += 1

@@ -126,7 +126,8 @@ def perfect(sketch: Sketch, d: Decisions, state: State) -> None:
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(name=st.sampled_from(NAMES), seed=st.integers(0, 2**32 - 1))
 def test_mutations_keep_tile_products_equal_to_extents(name, seed):
-    p = policy(name, seed)
+    # from perfect factorizations (ragged register rows, which need not divide, are drawn with ragged_rows)
+    p = policy(name, seed, replace(PARAMS, ragged_rows=False))
     rng = np.random.default_rng(seed)
     (c,) = p.sample_initial(1)
     for _ in range(8):
@@ -284,8 +285,9 @@ GEMM_1024 = ComputeDAG([*(ab := [te.placeholder((1024, 1024), name=n) for n in "
 AVX2 = Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+fma", cores=2, vector_bytes=32)
 
 
-def avx2_gemm(seed: int = 0, register_tiles: bool = True) -> SearchPolicy:
-    return SearchPolicy(GEMM_1024, RandomModel(seed), AVX2, replace(PARAMS, register_tiles=register_tiles), seed)
+def avx2_gemm(seed: int = 0, register_tiles: bool = True, ragged_rows: bool = True) -> SearchPolicy:
+    params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows)
+    return SearchPolicy(GEMM_1024, RandomModel(seed), AVX2, params, seed)
 
 
 def test_a_multi_level_tiled_gemm_names_its_register_block():
@@ -327,6 +329,40 @@ def test_sampled_register_blocks_fit_in_the_register_file():
     drawn = ansor.sample_initial(120)
     spilling = [c for c in drawn if not fitting.registers.fits(fitting.sketches[c.sketch_index], c.decisions.tiles)]
     assert len(spilling) > 120 // 5
+
+
+def block_rows(p: SearchPolicy, c) -> tuple[int, int]:
+    """(rows, columns) of the innermost tile of a GEMM program's register block."""
+    i, j = p.sketches[c.sketch_index].register_blocks[0]
+    return c.decisions.tiles[i][-1], c.decisions.tiles[j][-1]
+
+
+def test_ragged_rows_fill_the_register_file_beyond_the_extents_divisors():
+    p = avx2_gemm()
+    blocks = [block_rows(p, c) for c in p.sample_initial(200) if p.sketches[c.sketch_index].register_blocks]
+    assert all(p.registers.fits(p.sketches[0], _gemm_tiles(p, r, c)) for r, c in blocks)
+    # 6 and 7 rows of 16 columns (12 and 14 accumulators): no divisor of 1024 gives those
+    assert {(6, 16), (7, 16)} & set(blocks)
+    assert len([r for r, _ in blocks if 1024 % r]) > len(blocks) // 10
+    divisors = avx2_gemm(ragged_rows=False)
+    assert all(1024 % r == 0 for r, _ in (block_rows(divisors, c) for c in divisors.sample_initial(200)))
+
+
+def _gemm_tiles(p: SearchPolicy, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
+    i, j = p.sketches[0].register_blocks[0]
+    tiles = [(1,) * len(p.sketches[0].state.steps[idx].lengths) for idx in p.sketches[0].tile_steps]
+    tiles[i], tiles[j] = (1, 1, rows), (1, 1, cols)
+    return tuple(tiles)
+
+
+def test_the_most_rows_a_block_holds():
+    sk = next(sk for sk in avx2_gemm().sketches if sk.register_blocks)
+    block = sk.register_blocks[0]
+    rf = RegisterFile(registers=16, lanes=8)
+    tiles = [(1,) * len(sk.state.steps[idx].lengths) for idx in sk.tile_steps]
+    for cols, rows in ((16, 7), (8, 15), (32, 3), (64, 1), (4, 15)):
+        tiles[block[1]] = (1, 1, cols)
+        assert rf.most_rows(sk, block, tiles, block[0]) == rows  # rows * ceil(cols / 8) + 1 <= 16
 
 
 def test_tile_mutations_keep_a_fitting_register_block_fitting():
