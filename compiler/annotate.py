@@ -335,7 +335,7 @@ class RegisterFile:
 
 
 REDRAWS = 64  # draws of a register block's tiles before taking one that does not fit (none may: a block of 1s fits)
-RAGGED_SHARE = 0.5  # of register blocks drawn with `ragged`, the share whose rows are drawn from every fitting count
+RAGGED_SHARE = 0.5  # of register blocks drawn with `ragged` that can take ragged rows, the share that does
 
 
 @dataclass(frozen=True)
@@ -399,10 +399,11 @@ def sample(
     part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
     draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35). With `registers`, a
     register block that does not fit in them is drawn again (RegisterFile). With `ragged` as well, half the blocks
-    (RAGGED_SHARE) take the innermost tile of one of their rows (a non-contiguous axis) from every count that fits,
-    divisor of the extent or not: AVX2's 16 registers hold 6 rows of two 8-lane accumulators and a broadcast, but
-    1024 rows have no divisor between 4 and 8, and 4x16 blocks keep 8 FMAs in flight where the 2 FMA units of
-    5-cycle latency want 10 (partition.py runs the tail block without guards in its innermost loops)."""
+    (RAGGED_SHARE) whose rows the extent's divisors cannot make fill the registers take the innermost tile of one
+    such row axis from the counts that fit beyond its largest fitting divisor (_ragged_rows): AVX2's 16 registers
+    hold 6 rows of two 8-lane accumulators and a broadcast, but 1024 rows have no divisor between 4 and 8, and 4x16
+    blocks keep 8 FMAs in flight where the 2 FMA units of 5-cycle latency want 10 (partition.py runs the tail
+    block without guards in its innermost loops)."""
     return sample_program(sketch, rng, cores, lanes, registers, ragged)[0]
 
 
@@ -430,11 +431,11 @@ def sample_program(
                 break
             for k in block:
                 drawn[k] = draw(k)
-        rows = [k for k in block if not contiguous[k]]
-        if ragged and rows and registers.block_demand(sketch, block, drawn) and rng.random() < RAGGED_SHARE:
-            k = rows[rng.integers(len(rows))]
-            most = min(registers.most_rows(sketch, block, drawn, k), sketch.tile_extents[k], MAX_INNERMOST_FACTOR)
-            drawn[k] = (*drawn[k][:-1], int(rng.integers(1, most + 1)))
+        if ragged and registers.block_demand(sketch, block, drawn):
+            rows = _ragged_rows(sketch, block, drawn, registers)
+            if rows and rng.random() < RAGGED_SHARE:
+                k, fewest, most = rows[rng.integers(len(rows))]
+                drawn[k] = (*drawn[k][:-1], int(rng.integers(fewest, most + 1)))
     tiles = tuple(drawn)
     sp = space(sketch)
     locations = tuple((name, opts[rng.integers(len(opts))]) for name, opts in sp.locations)
@@ -458,6 +459,24 @@ def sample_program(
             vectorize.append((st.name, int(rng.integers(1, limit + 1))))
     d = Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
     return d, _annotated(s_par, (), unroll, d.vectorize)
+
+
+def _ragged_rows(
+    sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], registers: RegisterFile
+) -> list[tuple[int, int, int]]:
+    """(axis, fewest, most) per row axis of the block whose extent has no divisor filling the register file as far
+    as a ragged count does: the counts in [fewest, most] fit and exceed every divisor that fits (1024 rows of 16
+    AVX2 columns: 5-7, beyond the divisor 4; 56 rows: none, 7 divides 56)."""
+    out = []
+    for k in block:
+        if sketch.tile_contiguous[k]:
+            continue
+        extent = sketch.tile_extents[k]
+        most = min(registers.most_rows(sketch, block, tiles, k), extent, MAX_INNERMOST_FACTOR)
+        divisor = max(d for d in _divisors(extent) if d <= most)
+        if divisor < most:
+            out.append((k, divisor + 1, most))
+    return out
 
 
 def default_parallel(s: State, name: str, cores: int) -> int:

@@ -341,9 +341,13 @@ def test_ragged_rows_fill_the_register_file_beyond_the_extents_divisors():
     p = avx2_gemm()
     blocks = [block_rows(p, c) for c in p.sample_initial(200) if p.sketches[c.sketch_index].register_blocks]
     assert all(p.registers.fits(p.sketches[0], _gemm_tiles(p, r, c)) for r, c in blocks)
+    ragged = [(r, c) for r, c in blocks if 1024 % r]
+    assert len(ragged) > len(blocks) // 10
+    for r, c in ragged:  # more rows than the largest fitting divisor of 1024 (a power of 2), as many as fit
+        most = (16 - 1) // -(-c // 8)
+        assert 2 ** most.bit_length() // 2 < r <= most, (r, c)
     # 6 and 7 rows of 16 columns (12 and 14 accumulators): no divisor of 1024 gives those
-    assert {(6, 16), (7, 16)} & set(blocks)
-    assert len([r for r, _ in blocks if 1024 % r]) > len(blocks) // 10
+    assert {(6, 16), (7, 16)} & set(ragged)
     divisors = avx2_gemm(ragged_rows=False)
     assert all(1024 % r == 0 for r, _ in (block_rows(divisors, c) for c in divisors.sample_initial(200)))
 
