@@ -28,8 +28,9 @@ from server.database import SQLDatabase
 from tilefarm.cli import main
 
 TARGET = Target.host()
-# uniform tile sizes (Ansor's sampling): random programs as varied as they come, vector widths included
-PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16, lane_tiles=False)
+# uniform tile sizes from the extents' divisors (Ansor's sampling): random programs as varied as they come, vector
+# widths included
+PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16, lane_tiles=False, ragged_rows=False)
 
 
 def matmul_task(m: int, n: int, k: int) -> Task:
