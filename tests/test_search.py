@@ -301,13 +301,18 @@ def test_a_multi_level_tiled_gemm_names_its_register_block():
         assert all(len(sk.state.steps[sk.tile_steps[k]].lengths) == 3 for k in block)
 
 
+def unit_tiles(sk: Sketch) -> list[tuple[int, ...]]:
+    """Every tile step of the sketch at length 1 on each of its levels."""
+    return [(1,) * len(sk.state.steps[idx].lengths) for idx in sk.tile_steps]
+
+
 def test_register_demand_is_the_accumulators_plus_a_broadcast():
     sk = next(sk for sk in avx2_gemm().sketches if sk.register_blocks)
     i, j = sk.register_blocks[0]
     rf = RegisterFile(registers=16, lanes=8)
 
     def demand(ii: int, jj: int) -> int:
-        tiles = [(1,) * len(sk.state.steps[idx].lengths) for idx in sk.tile_steps]
+        tiles = unit_tiles(sk)
         tiles[i], tiles[j] = (1, 1, ii), (1, 1, jj)
         return rf.demand(sk, tuple(tiles))
 
@@ -354,7 +359,7 @@ def test_ragged_rows_fill_the_register_file_beyond_the_extents_divisors():
 
 def _gemm_tiles(p: SearchPolicy, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
     i, j = p.sketches[0].register_blocks[0]
-    tiles = [(1,) * len(p.sketches[0].state.steps[idx].lengths) for idx in p.sketches[0].tile_steps]
+    tiles = unit_tiles(p.sketches[0])
     tiles[i], tiles[j] = (1, 1, rows), (1, 1, cols)
     return tuple(tiles)
 
@@ -363,7 +368,7 @@ def test_the_most_rows_a_block_holds():
     sk = next(sk for sk in avx2_gemm().sketches if sk.register_blocks)
     block = sk.register_blocks[0]
     rf = RegisterFile(registers=16, lanes=8)
-    tiles = [(1,) * len(sk.state.steps[idx].lengths) for idx in sk.tile_steps]
+    tiles = unit_tiles(sk)
     for cols, rows in ((16, 7), (8, 15), (32, 3), (64, 1), (4, 15)):
         tiles[block[1]] = (1, 1, cols)
         assert rf.most_rows(sk, block, tiles, block[0]) == rows  # rows * ceil(cols / 8) + 1 <= 16
