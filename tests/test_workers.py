@@ -275,6 +275,13 @@ def test_compile_artifact(farm):
 
     from compiler.runtime import Artifact
 
+    # xdist may give this test a worker (and so a farm) where the tiny CNN was never tuned, only other models: tune
+    # it briefly then, so the compile always has records of the model's own tasks to take
+    with session_scope(farm.settings, write=False) as s:
+        mine = (Job.model_id == farm.model_id, Job.state == "succeeded")
+        tuned = s.scalar(select(func.count()).select_from(Job).where(*mine))
+    if not tuned:
+        farm.wait_state(farm.new_job(trials=8, per_round=8), "succeeded", timeout=150)
     with session_scope(farm.settings) as s:
         a = ArtifactRow(
             team_id=farm.team_id, model_id=farm.model_id, state="queued", target=target_name(Target.host()),
@@ -283,7 +290,6 @@ def test_compile_artifact(farm):
         s.add(a)
         s.flush()
         artifact_id = a.id
-        records = s.scalar(select(func.count()).select_from(Record).where(Record.mean_cost.is_not(None)))
     enqueue_compile(farm.settings, artifact_id, farm.queue)
 
     def done():
@@ -298,7 +304,7 @@ def test_compile_artifact(farm):
     data = path.read_bytes()
     assert row.sha256 == hashlib.sha256(data).hexdigest() and row.size_bytes == len(data)
     assert isinstance(row.records_used, list) and row.finished_at is not None
-    assert bool(row.records_used) == bool(records)  # tuned tasks take their best record (after a job ran: some)
+    assert row.records_used  # the tuned tasks take their best record
     x = np.random.default_rng(0).standard_normal(INPUT_SHAPES["input"]).astype(np.float32)
     got = Artifact.load(path).run({"input": x})["output"]
     with session_scope(farm.settings, write=False) as s:
