@@ -301,11 +301,13 @@ class RegisterFile:
 
     registers: int
     lanes: int
+    in_flight: int = 0  # accumulators the FMA units need to stay busy (Target.fmas_in_flight); 0: unknown
 
     @staticmethod
     def of(target: Target, dtype: str) -> RegisterFile:
         """The target's vector registers, each `target.vector_bytes` wide: lanes of `dtype` (the stage's output)."""
-        return RegisterFile(target.vector_registers, target.vector_bytes // dtypes.itemsize(dtype))
+        lanes = target.vector_bytes // dtypes.itemsize(dtype)
+        return RegisterFile(target.vector_registers, lanes, target.fmas_in_flight)
 
     def demand(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> int:
         """The most registers any of the sketch's register blocks needs with these tile sizes (0 if none has the
@@ -325,12 +327,16 @@ class RegisterFile:
     def fits(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> bool:
         return self.demand(sketch, tiles) <= self.registers
 
+    def row_accumulators(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
+        """The block's accumulators per unit of the innermost tile of its non-contiguous axis `k`."""
+        one = list(tiles)
+        one[k] = (*tiles[k][:-1], 1)
+        return self.block_demand(sketch, block, one) - 1
+
     def most_rows(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
         """The longest innermost tile of the block's non-contiguous axis `k` with which the block fits (at least 1):
         demand grows by one row's accumulators per unit of it."""
-        one = list(tiles)
-        one[k] = (*tiles[k][:-1], 1)
-        per_row = self.block_demand(sketch, block, one) - 1
+        per_row = self.row_accumulators(sketch, block, tiles, k)
         return max(1, (self.registers - 1) // per_row) if per_row > 0 else 1
 
 
@@ -399,11 +405,11 @@ def sample(
     part becomes the vector loop, draws that part from the multiples of `lanes` where the extent has any (Ansor
     draws it uniformly; a 16-wide channel block then gets all 16 lanes in 1 draw of 35). With `registers`, a
     register block that does not fit in them is drawn again (RegisterFile). With `ragged` as well, half the blocks
-    (RAGGED_SHARE) whose rows the extent's divisors cannot make fill the registers take the innermost tile of one
-    such row axis from the counts that fit beyond its largest fitting divisor (_ragged_rows): AVX2's 16 registers
-    hold 6 rows of two 8-lane accumulators and a broadcast, but 1024 rows have no divisor between 4 and 8, and 4x16
-    blocks keep 8 FMAs in flight where the 2 FMA units of 5-cycle latency want 10 (partition.py runs the tail
-    block without guards in its innermost loops)."""
+    (RAGGED_SHARE) whose rows the extent's divisors cannot make hold the accumulators the FMA units need in flight
+    take the innermost tile of one such row axis from the counts that fit beyond its largest fitting divisor
+    (_ragged_rows): AVX2's 16 registers hold 6 rows of two 8-lane accumulators and a broadcast, but 1024 rows have
+    no divisor between 4 and 8, and 4x16 blocks keep 8 FMAs in flight where Zen 2's 2 FMA units of 5-cycle latency
+    want 10 (partition.py runs the tail block without guards in its innermost loops)."""
     return sample_program(sketch, rng, cores, lanes, registers, ragged)[0]
 
 
@@ -464,9 +470,11 @@ def sample_program(
 def _ragged_rows(
     sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], registers: RegisterFile
 ) -> list[tuple[int, int, int]]:
-    """(axis, fewest, most) per row axis of the block whose extent has no divisor filling the register file as far
-    as a ragged count does: the counts in [fewest, most] fit and exceed every divisor that fits (1024 rows of 16
-    AVX2 columns: 5-7, beyond the divisor 4; 56 rows: none, 7 divides 56)."""
+    """(axis, fewest, most) per row axis of the block whose extent has no divisor that fits and gives the block as
+    many accumulators as the FMA units need in flight (`registers.in_flight`): the counts in [fewest, most] fit
+    and exceed every divisor that fits. 1024 rows of 16 AVX2 columns on Zen 2 (10 FMAs in flight): 5-7, beyond the
+    divisor 4 (8 accumulators); on Zen 3 (8 in flight) none; 56 rows: none, 7 divides 56. With AVX-512's 32
+    registers the divisors of 1024 fill 16 accumulators, twice what any core needs, and none are drawn."""
     out = []
     for k in block:
         if sketch.tile_contiguous[k]:
@@ -474,7 +482,7 @@ def _ragged_rows(
         extent = sketch.tile_extents[k]
         most = min(registers.most_rows(sketch, block, tiles, k), extent, MAX_INNERMOST_FACTOR)
         divisor = max(d for d in _divisors(extent) if d <= most)
-        if divisor < most:
+        if divisor < most and divisor * registers.row_accumulators(sketch, block, tiles, k) < registers.in_flight:
             out.append((k, divisor + 1, most))
     return out
 

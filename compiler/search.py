@@ -62,9 +62,9 @@ class SearchParams:
     # draw and mutate register blocks within the target's vector registers (annotate.RegisterFile); False leaves
     # them to the cost model, as Ansor does
     register_tiles: bool = True
-    # with register_tiles, half the register blocks whose rows no divisor of the extent makes fill the registers
-    # draw one row count beyond the largest fitting divisor (annotate.sample; partition.py makes the tails cheap);
-    # False draws divisors alone
+    # with register_tiles, half the register blocks whose rows no divisor of the extent makes hold the accumulators
+    # the target's FMA units need in flight (Target.fmas_in_flight) draw one row count beyond the largest fitting
+    # divisor (annotate.sample; partition.py makes the tails cheap); False draws divisors alone
     ragged_rows: bool = True
 
 

@@ -17,6 +17,21 @@ _CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 DEFAULT_L3_BYTES = 32 << 20  # the last-level cache assumed where sysfs does not give its size
 
 
+# Vector FMA latency in cycles and FMAs issued per cycle on 256- and on 512-bit vectors, by LLVM CPU name (the vendors'
+# optimization manuals; uops.info's measurements agree). Zen 1 splits a 256-bit FMA into two 128-bit halves, Zen 4
+# a 512-bit one into two 256-bit halves; Intel's server cores since Skylake-SP issue two 512-bit FMAs per cycle.
+FMA_PIPELINES: dict[str, tuple[int, int, int]] = {
+    "haswell": (5, 2, 0),
+    "broadwell": (5, 2, 0),
+    "znver1": (5, 1, 0),
+    "znver2": (5, 2, 0),
+    "znver3": (4, 2, 0),
+    "znver4": (4, 2, 1),
+    "znver5": (4, 2, 2),
+}
+DEFAULT_FMA_PIPELINE = (4, 2, 2)  # Skylake and later Intel cores, client and server
+
+
 @dataclass(frozen=True)
 class Target:
     """A code generation target: the CPU model LLVM tunes for and the sizes schedules are sized against."""
@@ -49,6 +64,14 @@ class Target:
         if self.has("avx512f") or self.triple.startswith(("aarch64", "arm64")):
             return 32
         return 16
+
+    @property
+    def fmas_in_flight(self) -> int:
+        """Independent vector FMAs the core must have in flight to keep its FMA units busy at this target's vector
+        width: latency x FMAs issued per cycle (FMA_PIPELINES; the analytical model BLIS sizes its micro-kernels by).
+        A register block with fewer accumulators than this waits on its own FMAs."""
+        latency, per_cycle_256, per_cycle_512 = FMA_PIPELINES.get(self.mcpu, DEFAULT_FMA_PIPELINE)
+        return latency * (per_cycle_512 if self.vector_bytes >= 64 else per_cycle_256)
 
     def fingerprint(self) -> str:
         """Stable short hash of what a timing depends on: CPU model, LLVM cpu name and features, core count."""

@@ -282,12 +282,15 @@ def test_candidates_replay_from_their_trace():
 # block of 16 or more accumulators (17 or more registers with the broadcast) a third of the time or more
 # (annotate.RegisterFile)
 GEMM_1024 = ComputeDAG([*(ab := [te.placeholder((1024, 1024), name=n) for n in "AB"]), ops.matmul(*ab, name="C")])
-AVX2 = Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+fma", cores=2, vector_bytes=32)
+# Zen 2: its two FMA units of 5-cycle latency want 10 accumulators in flight (Target.fmas_in_flight)
+AVX2 = Target(triple="x86_64-unknown-linux-gnu", mcpu="znver2", features="+avx,+avx2,+fma", cores=2, vector_bytes=32)
 
 
-def avx2_gemm(seed: int = 0, register_tiles: bool = True, ragged_rows: bool = True) -> SearchPolicy:
+def avx2_gemm(
+    seed: int = 0, register_tiles: bool = True, ragged_rows: bool = True, target: Target = AVX2
+) -> SearchPolicy:
     params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows)
-    return SearchPolicy(GEMM_1024, RandomModel(seed), AVX2, params, seed)
+    return SearchPolicy(GEMM_1024, RandomModel(seed), target, params, seed)
 
 
 def test_a_multi_level_tiled_gemm_names_its_register_block():
@@ -355,6 +358,20 @@ def test_ragged_rows_fill_the_register_file_beyond_the_extents_divisors():
     assert {(6, 16), (7, 16)} & set(ragged)
     divisors = avx2_gemm(ragged_rows=False)
     assert all(1024 % r == 0 for r, _ in (block_rows(divisors, c) for c in divisors.sample_initial(200)))
+
+
+def test_ragged_rows_only_where_the_divisors_leave_the_fma_units_waiting():
+    # Zen 3's FMAs (4 cycles, 2 per cycle) want 8 in flight: 4 rows of 16 AVX2 columns, a divisor of 1024, hold as
+    # many; with AVX-512's 32 registers 1024's divisors give 16 accumulators (16x16, 8x32, 4x64), more than any core
+    # needs. Neither draws a ragged row count.
+    zen3 = replace(AVX2, mcpu="znver3")
+    avx512 = replace(AVX2, mcpu="znver4", features="+avx,+avx2,+avx512f,+fma", vector_bytes=64)
+    assert (AVX2.fmas_in_flight, zen3.fmas_in_flight, avx512.fmas_in_flight) == (10, 8, 4)
+    for target in (zen3, avx512):
+        p = avx2_gemm(target=target)
+        assert p.ragged and p.registers.in_flight == target.fmas_in_flight
+        blocks = [block_rows(p, c) for c in p.sample_initial(200) if p.sketches[c.sketch_index].register_blocks]
+        assert blocks and all(1024 % r == 0 for r, _ in blocks), target.mcpu
 
 
 def _gemm_tiles(p: SearchPolicy, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:

@@ -108,3 +108,14 @@ def test_vector_registers_follow_the_widest_vector_feature_and_the_architecture(
     assert Target(triple="aarch64-unknown-linux-gnu", features="+neon").vector_registers == 32
     edited = _edited_features("+avx,+avx2,+avx512f,+fma", "-avx512f")
     assert Target(triple="x86_64-unknown-linux-gnu", features=edited).vector_registers == 16
+
+
+def test_fmas_in_flight_are_latency_times_issue_rate_at_the_vector_width():
+    def zen(n: int, vector_bytes: int) -> int:
+        return Target(mcpu=f"znver{n}", vector_bytes=vector_bytes).fmas_in_flight
+
+    assert zen(2, 32) == 5 * 2 and zen(3, 32) == 4 * 2 and zen(1, 32) == 5 * 1
+    assert zen(4, 32) == 4 * 2 and zen(4, 64) == 4 * 1  # Zen 4 splits a 512-bit FMA into two 256-bit halves
+    assert zen(5, 64) == 4 * 2
+    assert Target(mcpu="haswell", vector_bytes=32).fmas_in_flight == 10
+    assert Target(mcpu="sapphirerapids", vector_bytes=64).fmas_in_flight == 8  # not listed: two FMAs of 4 cycles
