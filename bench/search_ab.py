@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
-from bench.timing import MAX_REL_DIFF, best_kernel, best_record, interleaved_with_probe, json_from_process
+from bench.timing import best_kernel, best_record, checked, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
 from compiler.annotate import Decisions, RegisterFile
 from compiler.dag import ComputeDAG
@@ -71,9 +71,7 @@ def time_side_by_side(name: str, records: dict[str, Path], threads: int, repeat:
         kernel = best_kernel(dag, path, label)
         out = aligned(np.zeros(w.output.shape, np.float32))
         kernel(*arrays, out)
-        rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-        if not rel < MAX_REL_DIFF:
-            raise AssertionError(f"{label}'s best {name} is wrong: max rel diff {rel:.2e} against onnxruntime")
+        checked(f"{label}'s best {name}", out, ref)
         systems[label] = lambda kernel=kernel, out=out: kernel(*arrays, out)
     if name.startswith("gemm"):
         systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])

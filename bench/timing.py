@@ -48,6 +48,16 @@ def best_kernel(dag, records: Path, name: str):
     return compile_funcs([lower(apply_steps(dag, steps), name)])[name]
 
 
+def checked(what: str, out: np.ndarray, ref: np.ndarray) -> float:
+    """The largest difference of a tuned program's output from the reference's, relative to the largest result (a
+    sum's rounding error scales with its terms; Winograd's transforms add some); AssertionError naming `what` above
+    MAX_REL_DIFF."""
+    rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+    if not rel < MAX_REL_DIFF:
+        raise AssertionError(f"{what} is wrong: max rel diff {rel:.2e} against onnxruntime")
+    return rel
+
+
 def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     from threadpoolctl import threadpool_limits
 
@@ -60,11 +70,7 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     out = aligned(np.zeros(w.output.shape, np.float32))
     ort_fn, ort_result = onnx_session(w, ref_arrays, threads)
     kernel(*arrays, out)
-    ref = ort_result()
-    # relative to the largest result: a sum's rounding error scales with its terms (Winograd's transforms add some)
-    rel = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-    if not rel < MAX_REL_DIFF:
-        raise AssertionError(f"tuned {name} is wrong: max rel diff {rel:.2e} against onnxruntime")
+    rel = checked(f"tuned {name}", out, ort_result())
     systems = {"tilefarm-tuned": lambda: kernel(*arrays, out), "onnxruntime": ort_fn}
     if name.startswith("gemm"):
         systems["numpy-openblas"] = lambda: np.matmul(arrays[0], arrays[1])
