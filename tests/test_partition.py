@@ -67,6 +67,28 @@ def test_the_partitioned_program_computes_the_product():
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_parallel_loop_fused_over_a_row_axis_runs_its_whole_blocks_unguarded():
+    # rows in 3 parts of 4 blocks of 10 (2 x 5), the parallel loop fused over the row part, the 3 column parts and
+    # the row block: the last row part's blocks 0-1 are whole and 2-3 past row 99, in each column part, so the
+    # guards hold for the fused loop's first 26 iterations, then fail and hold again with every column part
+    dag = matmul_dag(100, 24, 48)
+    sk = next(s for s in generate_sketches(dag, TARGET) if [st.name for st in s.state.stages] == ["A", "B", "C"])
+    d = Decisions(tiles=((4, 2, 5), (1, 1, 16), (8,)), parallel=(("C", 3),), vectorize=(("C", 1),), unroll=(("C", 64),))
+    f = lower(materialize(sk, d))
+    main, tail = [s for s in loops(f.body) if s.kind == "parallel"]
+    assert (main.extent, tail.extent) == (24, 11)
+    # the tail's iterations test once whether their block is whole (then run it without guards) or holds rows at
+    # all (then run it guarded); here none is partial, and the blocks past row 99 do nothing
+    switch = tail.body
+    assert isinstance(switch, IfThenElse) and not [s for s in walk_stmts(switch.then) if isinstance(s, IfThenElse)]
+    assert isinstance(switch.orelse, IfThenElse) and switch.orelse.orelse is None
+    a, b = np.random.default_rng(3).random((2, 100, 48), np.float32)
+    a, b = np.ascontiguousarray(a[:, :24]), np.ascontiguousarray(b[:24])
+    out = np.zeros((100, 48), np.float32)
+    compile_funcs([f])["kernel"](a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
 def random_lengths(dag: ComputeDAG, seed: int, n: int):
     """`n` sampled programs of `dag` with every tile length redrawn from 1..7, dividing its extent or not."""
     sketches = generate_sketches(dag, TARGET)
