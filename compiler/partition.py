@@ -18,8 +18,8 @@ again at the next column part's first: not monotone. Its tail then tests, once p
 iteration's block is whole and runs it without guards if so, cut as above if it holds any point, and not at all
 otherwise (_unswitched). Sampled ragged GEMM 1024 programs (Zen 2 AVX2 tiles, timed here with AVX2 code, 1 thread)
 whose cut form ran more than 5% of their updates under a per-point guard: 21 of 60; unswitched, their times moved
-by a median 0.96-0.98x in three runs (0.16x to 1.02x: nine ran 12-84% faster), their build by +2-5%
-(bench/results/unswitched-tails-zen4-avx2-2026-11-28.txt).
+by a median 0.93-1.00x over six runs (0.16x to 1.04x, eight or nine 12-84% faster, once one 2.3x slower in a
+transient not seen again), their build by +2-5% (bench/results/unswitched-tails-zen4-avx2-2026-11-28.txt).
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ UNSWITCH_MAX_ITERATIONS = 256  # tails longer than this are cut as before (each 
 
 
 def _unswitched(body: Stmt, v: str, extent: int, ranges: Ranges) -> Stmt | None:
-    """`if every guard of body holds for all its loops' iterations: body without guards, else: body cut as
-    before`, where that condition is an expression of `v` (and the loops outside) true for at least half of the
+    """`if every guard of body that mentions v holds at every point of this iteration: body without them, elif
+    each guard enclosing every store holds at some point: body cut as before` (else nothing is stored: skipped),
+    where the conditions are expressions of `v` and the loops outside, the first true for at least half of the
     tail's iterations; None where it is not. A parallel loop fused from a row axis's outer parts (i.0, j.0, i.1 of a
     GEMM) has guards that hold for its first iterations, fail at the last row block, hold again for the next
     column part's, and so on: cutting at the first failure ran all the later column parts in the tail, guarded per
@@ -103,7 +104,10 @@ def _unswitched(body: Stmt, v: str, extent: int, ranges: Ranges) -> Stmt | None:
     guards = list(dict.fromkeys(c for c in _guards(body) if v in te.free_vars(c)))
     if not guards:
         return None
-    inner = {f.var.name: (0, f.extent - 1) for f in walk_stmts(body) if isinstance(f, For)}
+    inner: Ranges = {}  # every loop of the body at its largest extent (a name may recur in sibling nests)
+    for f in walk_stmts(body):
+        if isinstance(f, For):
+            inner[f.var.name] = (0, max(f.extent - 1, inner.get(f.var.name, (0, 0))[1]))
     fixed, every = set(ranges) - set(inner), {**ranges, **inner}
     spans = [_span(c, fixed, every) for c in guards]
     if any(sp is None for sp in spans):
@@ -112,10 +116,35 @@ def _unswitched(body: Stmt, v: str, extent: int, ranges: Ranges) -> Stmt | None:
     held = sum(_is_true(simplify(always, {**ranges, v: (i, i)})) for i in range(extent))
     if _is_true(always) or 2 * held < extent:
         return None
-    # where some guard holds nowhere, nothing is stored: the iteration does nothing (not every guard at every point)
-    somewhere = simplify(_conj([_holds(c, sp, everywhere=False) for c, sp in zip(guards, spans)]), ranges)
     unguarded = partition_loops(simplify_stmt(_drop_guards(body, set(guards)), ranges), ranges)
-    return IfThenElse(always, unguarded, IfThenElse(somewhere, partition_loops(body, ranges), None))
+    cut = partition_loops(body, ranges)
+    # where a guard that every store is under holds nowhere, the iteration stores nothing
+    common = _enclosing_every_store(body) or frozenset()
+    enclosing = [(c, sp) for c, sp in zip(guards, spans) if c in common]
+    if not enclosing:
+        return IfThenElse(always, unguarded, cut)
+    somewhere = simplify(_conj([_holds(c, sp, everywhere=False) for c, sp in enclosing]), ranges)
+    return IfThenElse(always, unguarded, IfThenElse(somewhere, cut, None))
+
+
+def _enclosing_every_store(s: Stmt, around: frozenset = frozenset()) -> frozenset | None:
+    """The guard conjuncts whose then-branches hold every Store of `s`, with `around` (those outside it); None if
+    `s` stores nothing."""
+    if isinstance(s, Store):
+        return around
+    if isinstance(s, IfThenElse):
+        parts = [(s.then, around | frozenset(_conjuncts(s.cond))), (s.orelse, around)]
+    elif isinstance(s, (For, Allocate)):
+        parts = [(s.body, around)]
+    elif isinstance(s, Seq):
+        parts = [(c, around) for c in s.stmts]
+    else:
+        return None
+    out = None
+    for child, outside in parts:
+        here = _enclosing_every_store(child, outside) if child is not None else None
+        out = here if out is None else out if here is None else out & here
+    return out
 
 
 def _span(c: Expr, fixed: set[str], ranges: Ranges) -> tuple[Expr, int] | None:

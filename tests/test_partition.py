@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 
 import compiler.lower
-from compiler import ops, te
+from compiler import dtypes, ops, te
 from compiler.annotate import Decisions, InvalidProgram, materialize, sample_program
 from compiler.codegen import compile_funcs
 from compiler.dag import ComputeDAG
-from compiler.loopir import For, IfThenElse, walk_stmts
+from compiler.loopir import Buffer, For, Func, IfThenElse, Store, seq, walk_stmts
 from compiler.lower import lower
 from compiler.ops.kernels import KERNELS
+from compiler.partition import partition_loops
 from compiler.sketch import generate_sketches
 from compiler.target import Target
+from compiler.te import Const, Var
 
 TARGET = Target(cores=2)
 
@@ -87,6 +89,22 @@ def test_a_parallel_loop_fused_over_a_row_axis_runs_its_whole_blocks_unguarded()
     out = np.zeros((100, 48), np.float32)
     compile_funcs([f])["kernel"](a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tail_iteration_is_skipped_only_where_every_store_is_guarded_off():
+    # v's row block (v % 5) is whole for v % 5 <= 3 and past the 16 rows at 4: a periodic guard. C's stores are under
+    # it, D's are not: the iterations whose block is past the rows still store D
+    v, i = Var("v", dtypes.INDEX), Var("i", dtypes.INDEX)
+    guard = (v % 5) * 4 + i < 16
+    rows = For(i, 4, "serial", IfThenElse(guard, Store("C", v * 4 + i, Const(1.0, "float32"))))
+    loop = For(v, 10, "serial", seq(rows, Store("D", v, Const(1.0, "float32"))))
+    body = partition_loops(loop, {"v": (0, 9), "i": (0, 3)})
+    assert any(isinstance(s, IfThenElse) and s.orelse is not None for s in walk_stmts(body))  # unswitched
+    c, d = np.zeros(40, np.float32), np.zeros(10, np.float32)
+    params = (Buffer("C", "float32", (40,)), Buffer("D", "float32", (10,)))
+    compile_funcs([Func("kernel", params, body)])["kernel"](c, d)
+    np.testing.assert_array_equal(c, [float((k // 4) % 5 <= 3) for k in range(40)])
+    np.testing.assert_array_equal(d, np.ones(10, np.float32))
 
 
 def random_lengths(dag: ComputeDAG, seed: int, n: int):
