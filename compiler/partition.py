@@ -171,21 +171,9 @@ def _conj(conds: list[Expr]) -> Expr:
 
 
 def _drop_guards(s: Stmt, guards: set[Expr]) -> Stmt:
-    """`s` with the conjuncts in `guards` taken as true (an IfThenElse left with none runs its then-branch)."""
-    if isinstance(s, For):
-        return replace(s, body=_drop_guards(s.body, guards))
-    if isinstance(s, Seq):
-        return seq(*(_drop_guards(c, guards) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _drop_guards(s.body, guards))
-    if isinstance(s, IfThenElse):
-        then = _drop_guards(s.then, guards)
-        left = [c for c in _conjuncts(s.cond) if c not in guards]
-        if not left:
-            return then
-        orelse = s.orelse and _drop_guards(s.orelse, guards)
-        return IfThenElse(_conj(left), then, orelse)
-    return s
+    """`s` with the conjuncts in `guards` taken as true in its conditions (simplify_stmt then folds them away)."""
+    true = Const(True, "bool")
+    return _map_exprs(s, lambda e: te.rewrite(e, lambda n: true if n in guards else None), values=False)
 
 
 def _last(ok, lo: int, hi: int) -> int:
@@ -224,15 +212,20 @@ def _is_true(e: Expr) -> bool:
 
 
 def _substitute(s: Stmt, mapping: dict[str, Expr]) -> Stmt:
+    return _map_exprs(s, lambda e: te.substitute(e, mapping))
+
+
+def _map_exprs(s: Stmt, fn, values: bool = True) -> Stmt:
+    """`s` with `fn` applied to every guard's condition and, with `values`, every store's index and value."""
     if isinstance(s, For):
-        return replace(s, body=_substitute(s.body, mapping))
+        return replace(s, body=_map_exprs(s.body, fn, values))
     if isinstance(s, Seq):
-        return Seq(tuple(_substitute(c, mapping) for c in s.stmts))
+        return Seq(tuple(_map_exprs(c, fn, values) for c in s.stmts))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, _substitute(s.body, mapping))
+        return Allocate(s.buffer, _map_exprs(s.body, fn, values))
     if isinstance(s, IfThenElse):
-        orelse = s.orelse and _substitute(s.orelse, mapping)
-        return IfThenElse(te.substitute(s.cond, mapping), _substitute(s.then, mapping), orelse)
-    if isinstance(s, Store):
-        return Store(s.buffer, te.substitute(s.index, mapping), te.substitute(s.value, mapping))
+        orelse = s.orelse and _map_exprs(s.orelse, fn, values)
+        return IfThenElse(fn(s.cond), _map_exprs(s.then, fn, values), orelse)
+    if isinstance(s, Store) and values:
+        return Store(s.buffer, fn(s.index), fn(s.value))
     return s
