@@ -11,7 +11,8 @@ compiled in one fresh process and timed side by side with the others and numpy/O
 third between processes (OpenBLAS's AVX2 GEMM 1024 on an Emerald Rapids VM: 28.6-38.6 ms), runs timed in separate
 processes compare the minutes they were timed in, side by side they compare the programs. It prints per run the
 tuner's best, the median over the processes of its time relative to the reference, and how many of its measured
-programs had a register block that does not fit in the target's vector registers (annotate.RegisterFile).
+programs had a register block that does not fit in the target's vector registers, auto-unrolled tile levels included
+(annotate.RegisterFile).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
 from bench.timing import best_kernel, best_record, checked, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
-from compiler.annotate import Decisions, RegisterFile
+from compiler.annotate import Decisions, RegisterFile, materialize
 from compiler.dag import ComputeDAG
 from compiler.measure_worker import aligned
 from compiler.records import JSONLinesDatabase
@@ -43,7 +44,8 @@ SWITCHES = tuple(f.name for f in dataclasses.fields(SearchParams) if f.type in (
 
 
 def over_budget(dag: ComputeDAG, path: Path) -> tuple[int, int]:
-    """(measured programs of the search whose register block does not fit in this host's registers, all of them)."""
+    """(measured programs of the search whose register block does not fit in this host's registers, its innermost
+    tile or with the tile levels auto-unrolling adds (RegisterFile.unrolled_demand), all of them)."""
     target = Target.host()
     registers = RegisterFile.of(target, dag.op(dag.outputs[0]).dtype)
     sketches = generate_sketches(dag, target)
@@ -52,7 +54,8 @@ def over_budget(dag: ComputeDAG, path: Path) -> tuple[int, int]:
         if r.trace is None:  # the default schedule
             continue
         total += 1
-        over += not registers.fits(sketches[r.trace["sketch"]], Decisions.from_json(r.trace["decisions"]).tiles)
+        sketch, d = sketches[r.trace["sketch"]], Decisions.from_json(r.trace["decisions"])
+        over += not registers.fits(sketch, d.tiles) or not registers.unrolled_fits(sketch, materialize(sketch, d))
     return over, total
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from compiler import dtypes, te
 from compiler.errors import TilefarmError
-from compiler.lower import infer_bound
+from compiler.lower import VECTOR_STEP_LANES, infer_bound
 from compiler.matrix_transform import is_matrix_transform
 from compiler.simplify import linear
 from compiler.sketch import Sketch
@@ -302,6 +302,7 @@ class RegisterFile:
     registers: int
     lanes: int
     in_flight: int = 0  # accumulators the FMA units need to stay busy (Target.fmas_in_flight); 0: unknown
+    unrolled: bool = True  # count the tile levels auto-unrolling adds to a register block (unrolled_demand)
 
     @staticmethod
     def of(target: Target, dtype: str) -> RegisterFile:
@@ -326,6 +327,41 @@ class RegisterFile:
 
     def fits(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> bool:
         return self.demand(sketch, tiles) <= self.registers
+
+    def unrolled_demand(self, state: State, stage: str) -> int:
+        """The registers the update of `stage` (a multi-level tiled stage of a complete program) needs across its
+        innermost rolled loop where that loop is a reduction: the space loops inside it are all unrolled (by its
+        auto_unroll_max_step, as lowering decides) or vectorized, so their accumulators all live across it, beside
+        one broadcast value. 0 where the innermost rolled loop is a space loop (the accumulators go to memory on
+        each of its iterations) or no vector loop is inside it. `block_demand` counts the innermost tile alone:
+        with GEMM tiles i.2 = 4, i.3 = 4, j.3 = 16 under `k.0` and k.1 = 4 (SSRSRS), auto_unroll_max_step 64
+        unrolls i.2 too and 16 AVX2 accumulators live across k.0, where the innermost tile holds 8."""
+        st = state.stage(stage)
+        steps, vector, acc = 1, False, 1
+        for it in reversed(st.iters):
+            if it.extent == 1:
+                continue  # lowering emits no loop
+            vectorized = it.annotation == "vectorize"
+            steps *= -(-it.extent // VECTOR_STEP_LANES) if vectorized else it.extent
+            unrolled = vectorized or it.annotation == "unroll"
+            unrolled = unrolled or (it.annotation == "none" and steps <= st.auto_unroll_max_step)
+            if not unrolled:
+                return acc + 1 if it.kind == "reduce" and vector else 0
+            if it.kind == "spatial":
+                acc *= -(-it.extent // self.lanes) if vectorized else it.extent
+                vector = vector or vectorized
+        return 0  # nothing rolled: no loop for accumulators to live across
+
+    def unrolled_fits(self, sketch: Sketch, state: State) -> bool:
+        """Whether every multi-level tiled stage's update fits in the registers with its unrolled tile levels
+        (`unrolled_demand`); True without `unrolled`."""
+        if not self.unrolled:
+            return True
+        return all(
+            self.unrolled_demand(state, name) <= self.registers
+            for name in sketch.tiled
+            if state.stage(name).op.reduce_axes and state.stage(name).compute_at != "inline"
+        )
 
     def row_accumulators(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
         """The block's accumulators per unit of the innermost tile of its non-contiguous axis `k`."""
@@ -464,7 +500,35 @@ def sample_program(
         if limit:
             vectorize.append((st.name, int(rng.integers(1, limit + 1))))
     d = Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
-    return d, _annotated(s_par, (), unroll, d.vectorize)
+    program = _annotated(s_par, (), unroll, d.vectorize)
+    if registers is not None and not registers.unrolled_fits(sketch, program):
+        d, program = _unroll_that_fits(sketch, d, s_par, rng, registers)
+    return d, program
+
+
+def _unroll_that_fits(
+    sketch: Sketch, d: Decisions, s_par: State, rng: np.random.Generator, registers: RegisterFile
+) -> tuple[Decisions, State]:
+    """`d` with the auto_unroll_max_step of each tiled stage whose unrolled register block does not fit in the
+    registers (RegisterFile.unrolled_demand) drawn again from the values with which it fits (0 unrolls nothing, so
+    one does wherever the innermost block fits; where none does, the value stays), and the program."""
+    unroll = list(d.unroll)
+    for i, (name, step) in enumerate(d.unroll):
+        if name not in sketch.tiled:
+            continue
+        fitting = [v for v in UNROLL_STEPS if _unroll_fits(d, s_par, unroll, i, int(v), registers)]
+        if fitting and step not in fitting:
+            unroll[i] = (name, int(fitting[rng.integers(len(fitting))]))
+    d = replace(d, unroll=tuple(unroll))
+    return d, _annotated(s_par, (), d.unroll, d.vectorize)
+
+
+def _unroll_fits(d: Decisions, s_par: State, unroll: list, i: int, value: int, registers: RegisterFile) -> bool:
+    """Whether stage `unroll[i]`'s register block fits with auto_unroll_max_step `value`."""
+    name = unroll[i][0]
+    trial = (*unroll[:i], (name, value), *unroll[i + 1 :])
+    program = _annotated(s_par, (), trial, d.vectorize)
+    return registers.unrolled_demand(program, name) <= registers.registers
 
 
 def _ragged_rows(

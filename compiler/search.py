@@ -21,7 +21,7 @@ import multiprocessing
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -66,6 +66,10 @@ class SearchParams:
     # the target's FMA units need in flight (Target.fmas_in_flight) draw one row count beyond the largest fitting
     # divisor (annotate.sample; partition.py makes the tails cheap); False draws divisors alone
     ragged_rows: bool = True
+    # with register_tiles, count the tile levels auto-unrolling adds to a register block too: draw the unroll step
+    # again where the accumulators living across the innermost rolled reduction loop do not fit, and drop mutations
+    # that make such a program (annotate.RegisterFile.unrolled_demand); False checks the innermost tile alone
+    unrolled_blocks: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ class SearchPolicy:
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         out_dtype = self.dag.op(self.dag.outputs[0]).dtype
         # the vector width in output elements
-        registers = RegisterFile.of(self.target, out_dtype)
+        registers = replace(RegisterFile.of(self.target, out_dtype), unrolled=self.params.unrolled_blocks)
         self.lanes = registers.lanes if self.params.lane_tiles else 0
         self.registers = registers if self.params.register_tiles else None
         self.ragged = self.params.ragged_rows and self.registers is not None
@@ -360,6 +364,9 @@ class SearchPolicy:
             except InvalidProgram:
                 self.stats.invalid += 1
                 continue
+            if self.registers is not None and not self.registers.unrolled_fits(sketch, c.state):
+                if self.registers.unrolled_fits(sketch, parent.state):
+                    continue  # as mutate_tile_size does not make an innermost block over the registers
             out.append(c)
             self._send_soon(c)
         return out

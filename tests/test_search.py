@@ -24,6 +24,7 @@ from compiler.annotate import (
 from compiler.codegen import compile_funcs
 from compiler.cost_model import RandomModel
 from compiler.dag import ComputeDAG
+from compiler.loopir import Allocate, For, IfThenElse, Seq, Store
 from compiler.lower import lower
 from compiler.mutate import MUTATIONS, mutate, mutate_tile_size
 from compiler.ops.kernels import KERNELS
@@ -287,9 +288,13 @@ AVX2 = Target(triple="x86_64-unknown-linux-gnu", mcpu="znver2", features="+avx,+
 
 
 def avx2_gemm(
-    seed: int = 0, register_tiles: bool = True, ragged_rows: bool = True, target: Target = AVX2
+    seed: int = 0,
+    register_tiles: bool = True,
+    ragged_rows: bool = True,
+    target: Target = AVX2,
+    unrolled_blocks: bool = True,
 ) -> SearchPolicy:
-    params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows)
+    params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows, unrolled_blocks=unrolled_blocks)
     return SearchPolicy(GEMM_1024, RandomModel(seed), target, params, seed)
 
 
@@ -389,6 +394,92 @@ def test_the_most_rows_a_block_holds():
     for cols, rows in ((16, 7), (8, 15), (32, 3), (64, 1), (4, 15)):
         tiles[block[1]] = (1, 1, cols)
         assert rf.most_rows(sk, block, tiles, block[0]) == rows  # rows * ceil(cols / 8) + 1 <= 16
+
+
+def _gemm_program(p: SearchPolicy, rows: tuple[int, int, int], cols: tuple[int, int, int], k: int, unroll: int):
+    """Sketch 2 of GEMM 1024 (C.local tiled SSRSRS: ... k.0 i.2 j.2 k.1 i.3 j.3) with these tile lengths, its
+    innermost column loop vectorized, auto_unroll_max_step `unroll`."""
+    sk = p.sketches[2]
+    assert sk.rules == ("cache_write(C)", "tile+fuse(C.local, L1)")
+    i, j = sk.register_blocks[0]
+    tiles = list(unit_tiles(sk))
+    tiles[i], tiles[j] = rows, cols
+    tiles[next(t for t in range(len(tiles)) if t not in (i, j))] = (k,)
+    d = Decisions(tuple(tiles), (), (("C", 2),), (("C.local", 1),), (("C.local", unroll),))
+    return sk, materialize(sk, d)
+
+
+def test_unrolled_tile_levels_count_in_the_register_block():
+    p = avx2_gemm()
+    rf = p.registers
+    # i.2 = 4 over a 4x16 innermost block, k.1 = 4: 64 steps inside k.0, all unrolled at 64, so 4 x 4 rows of two
+    # vectors live across k.0: 32 accumulators and the broadcast, twice the 16 ymm registers
+    sk, prog = _gemm_program(p, (1, 4, 4), (1, 1, 16), 4, 64)
+    assert rf.block_demand(sk, sk.register_blocks[0], materialize_tiles(sk, prog)) == 9
+    assert rf.unrolled_demand(prog, "C.local") == 33 and not rf.unrolled_fits(sk, prog)
+    assert replace(rf, unrolled=False).unrolled_fits(sk, prog)
+    # at 16 steps i.2 stays a loop: the accumulators go to memory on each of its iterations
+    assert rf.unrolled_demand(_gemm_program(p, (1, 4, 4), (1, 1, 16), 4, 16)[1], "C.local") == 0
+    # nothing above the innermost tile unrolled: the innermost block's demand
+    assert rf.unrolled_demand(_gemm_program(p, (1, 1, 4), (1, 1, 16), 4, 512)[1], "C.local") == 9
+
+
+def materialize_tiles(sk: Sketch, prog: State) -> tuple[tuple[int, ...], ...]:
+    return tuple(prog.steps[idx].lengths for idx in sk.tile_steps)
+
+
+def _across_rolled_reduction(func, buffer: str, lanes: int) -> int:
+    """Counted on the lowered loop nest, independently of RegisterFile: the vectors of `buffer`'s update that live
+    across the innermost rolled loop enclosing it where that loop's variable indexes a load but not the store (a
+    reduction loop), else 0. The first update in program order: the main part; the tail of a ragged row axis
+    (partition.py) comes after it, where a partial block's loop of one iteration is gone and its few rows may
+    live across the reduction."""
+    found: list[int] = []
+
+    def visit(stmt, loops):
+        if found:
+            return
+        if isinstance(stmt, For):
+            visit(stmt.body, [*loops, stmt])
+        elif isinstance(stmt, Allocate):
+            visit(stmt.body, loops)
+        elif isinstance(stmt, Seq):
+            for c in stmt.stmts:
+                visit(c, loops)
+        elif isinstance(stmt, IfThenElse):
+            visit(stmt.then, loops)
+            if stmt.orelse is not None:
+                visit(stmt.orelse, loops)
+        elif isinstance(stmt, Store) and stmt.buffer == buffer and f"{buffer}[" in str(stmt.value):
+            index = te.free_vars(stmt.index)
+            rolled = [f for f in loops if f.kind not in ("unrolled", "vectorized")]
+            inner = loops[loops.index(rolled[-1]) + 1 :] if rolled else []
+            vectors = 1
+            for f in inner:
+                if f.var.name in index:
+                    vectors *= -(-f.extent // lanes) if f.kind == "vectorized" else f.extent
+            across = rolled and rolled[-1].var.name not in index and any(f.kind == "vectorized" for f in inner)
+            found.append(vectors if across else 0)
+
+    visit(func.body, [])
+    return found[0] if found else 0
+
+
+def test_sampled_and_mutated_programs_keep_their_unrolled_register_blocks_in_the_registers():
+    p = avx2_gemm(seed=5)
+    programs = p.sample_initial(150)
+    counted = [_across_rolled_reduction(lower(c.state, "k"), "C.local", 8) for c in programs]
+    assert all(n + 1 <= 16 for n in counted), max(counted)
+    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
+    children = p._next_generation(programs, np.ones(len(programs)))
+    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in children)
+    # the same draws counting the innermost tile alone: a good part of them spill once unrolled
+    unchecked = avx2_gemm(seed=5, unrolled_blocks=False)
+    assert not unchecked.registers.unrolled
+    drawn = unchecked.sample_initial(150)
+    over = [c for c in drawn if _across_rolled_reduction(lower(c.state, "k"), "C.local", 8) + 1 > 16]
+    assert len(over) > 150 // 20
+    assert all(not p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in over)
 
 
 def test_tile_mutations_keep_a_fitting_register_block_fitting():
