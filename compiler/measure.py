@@ -197,9 +197,13 @@ def _build_one(dag: ComputeDAG, steps: tuple[Step, ...], path: str) -> tuple[str
 
 
 def _serve_builds(conn: Connection) -> None:
-    """A builder worker: build jobs (dag, steps, path) until it receives None."""
-    while (job := conn.recv()) is not None:
-        conn.send(_build_one(*job))
+    """A builder worker: build jobs (dag, steps, path) until it receives None, or until the tuning process is gone
+    (killed or interrupted: its end of the pipe closed), quietly: the tuning process reports what it was doing."""
+    try:
+        while (job := conn.recv()) is not None:
+            conn.send(_build_one(*job))
+    except (EOFError, OSError, KeyboardInterrupt):
+        return
 
 
 class _BuildWorker:

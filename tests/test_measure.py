@@ -27,6 +27,7 @@ from compiler.measure import (
     LocalRunner,
     MeasureInput,
     MeasureResult,
+    _serve_builds,
     measure,
     to_record,
 )
@@ -360,3 +361,14 @@ def test_tasks_know_which_inputs_are_model_constants():
     # a 32 MiB L3, so a run meets them cold; a 128 MiB cache would hold them
     assert 75e6 < constant_bytes(calls) < 75.2e6
     assert weights_arrive_cold(calls, 32 << 20) and not weights_arrive_cold(calls, 128 << 20)
+
+
+def test_a_build_worker_whose_tuning_process_is_gone_exits_quietly(capfd):
+    # the tuning process killed or interrupted: its end of the pipe closes, and the worker returns without the
+    # EOFError traceback it printed before (one per worker on a Ctrl-C of `tilefarm tune`)
+    import multiprocessing
+
+    parent, child = multiprocessing.Pipe()
+    parent.close()
+    _serve_builds(child)
+    assert capfd.readouterr().err == ""
