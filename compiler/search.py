@@ -18,7 +18,10 @@ import functools
 import hashlib
 import heapq
 import multiprocessing
+import os
 import re
+import select
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -509,9 +512,38 @@ def _pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     global _POOL
     if _POOL is None:
         ctx = multiprocessing.get_context("forkserver")
-        _POOL = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+        _POOL = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_exit_with, initargs=(os.getpid(),)
+        )
         atexit.register(_POOL.shutdown, cancel_futures=True)
     return _POOL
+
+
+PARENT_POLL_S = 1.0  # where the kernel has no pidfd_open: how often a feature worker checks that its tuner lives
+
+
+def _exit_with(tuner: int) -> None:
+    """A feature worker's initializer: exit as soon as the tuning process `tuner` is gone. A killed tuner (SIGTERM,
+    SIGKILL, a Ctrl-C that ends it before atexit) left its workers behind for good, 400 MB each: a worker waits on the
+    pool's call queue, whose write end it holds itself, so it never reads an end of file, and the forkserver they
+    came from waits for them. A daemon thread waits on a pidfd of the tuner (polls without one)."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(tuner)
+            select.select([fd], [], [])
+        except (AttributeError, OSError):  # no pidfd_open here, or the tuner already gone
+            while True:
+                try:
+                    os.kill(tuner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:  # alive, another user's (a reused pid): not ours to outlive
+                    break
+                time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="tilefarm-tuner-watch").start()
 
 
 def _drop_pool() -> None:

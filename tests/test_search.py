@@ -494,3 +494,47 @@ def test_tile_mutations_keep_a_fitting_register_block_fitting():
             unchecked = mutate_tile_size(sk, c.decisions, c.state, rng)
             grown += unchecked is not None and not p.registers.fits(sk, unchecked.tiles)
     assert grown > 0  # the same moves unchecked do leave the register file
+
+
+# a tuning process's feature pool: prints its workers' pids and their parent's (the forkserver's), then waits
+TUNER = """
+import os, time
+from compiler import search
+if __name__ == "__main__":
+    pool = search._pool(2)
+    pids = {f.result() for f in [pool.submit(os.getpid) for _ in range(8)]}
+    print(*pids, pool.submit(os.getppid).result(), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_feature_workers_and_their_forkserver_exit_when_the_tuner_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "tuner.py"
+    script.write_text(TUNER)
+    tuner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in tuner.stdout.readline().split()]
+    finally:
+        tuner.send_signal(signal.SIGKILL)
+        tuner.wait()
+    assert len(pids) >= 2  # a worker or two, and the forkserver
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # an exited child of init is reaped at once; a zombie would still answer, so read its state
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
