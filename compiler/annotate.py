@@ -19,7 +19,7 @@ import numpy as np
 
 from compiler import dtypes, te
 from compiler.errors import TilefarmError
-from compiler.lower import VECTOR_STEP_LANES, infer_bound
+from compiler.lower import infer_bound, unroll_steps
 from compiler.matrix_transform import is_matrix_transform
 from compiler.simplify import linear
 from compiler.sketch import Sketch
@@ -342,7 +342,7 @@ class RegisterFile:
             if it.extent == 1:
                 continue  # lowering emits no loop
             vectorized = it.annotation == "vectorize"
-            steps *= -(-it.extent // VECTOR_STEP_LANES) if vectorized else it.extent
+            steps *= unroll_steps(it.extent, vectorized)
             unrolled = vectorized or it.annotation == "unroll"
             unrolled = unrolled or (it.annotation == "none" and steps <= st.auto_unroll_max_step)
             if not unrolled:

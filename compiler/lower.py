@@ -284,13 +284,19 @@ def _loop(v: Var, extent: int, annotation: str, body: Stmt, llvm_unroll: bool = 
 VECTOR_STEP_LANES = 16  # a vector loop counts as one unroll step per 16 lanes (one AVX-512 register of fp32)
 
 
+def unroll_steps(extent: int, vectorized: bool) -> int:
+    """The steps a loop of `extent` iterations counts toward auto_unroll_max_step (_auto_unroll; annotate's
+    RegisterFile.unrolled_demand predicts lowering's unrolling by the same count)."""
+    return -(-extent // VECTOR_STEP_LANES) if vectorized else extent
+
+
 def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
     """Unroll this stage's serial loops whose whole nest runs at most `max_step` steps (a vector loop counts one
     step per 16 lanes: counting a 64-lane loop as one let a 512-step pragma unroll into LLVM IR that took minutes
     to optimize)."""
     if isinstance(s, For):
         body, steps = _auto_unroll(s.body, own, max_step)
-        total = steps * -(-s.extent // VECTOR_STEP_LANES) if s.kind == "vectorized" else steps * s.extent
+        total = steps * unroll_steps(s.extent, s.kind == "vectorized")
         kind = "unrolled" if s.kind == "serial" and s.var.name in own and total <= max_step else s.kind
         return replace(s, kind=kind, body=body), total
     if isinstance(s, Seq):
