@@ -22,7 +22,7 @@ from compiler.errors import TilefarmError
 from compiler.lower import infer_bound, unroll_steps
 from compiler.matrix_transform import is_matrix_transform
 from compiler.simplify import linear
-from compiler.sketch import TILE_STRUCTURE, Sketch
+from compiler.sketch import Sketch
 from compiler.state import (
     Annotate,
     ComputeAt,
@@ -276,17 +276,12 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def sample_tile(
-    extent: int, n_lengths: int, rng: np.random.Generator, multiple_of: int = 1, ones: tuple[int, ...] = ()
-) -> tuple[int, ...]:
+def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator, multiple_of: int = 1) -> tuple[int, ...]:
     """Uniformly random perfect factorization; returns the inner lengths (the outer part is implied). With
-    `multiple_of`, only those whose innermost length is a multiple of it, where there are any; with `ones`
-    (positions in the inner lengths), only those with a length of 1 there."""
+    `multiple_of`, only those whose innermost length is a multiple of it, where there are any."""
     options = factorizations(extent, n_lengths + 1)
     if not options:  # a prime extent above the innermost limit: keep it outermost
         return (1,) * n_lengths
-    if ones:
-        options = [o for o in options if all(o[1 + i] == 1 for i in ones)]
     if multiple_of > 1:
         options = [o for o in options if o[-1] % multiple_of == 0] or options
     return options[rng.integers(len(options))][1:]
@@ -383,24 +378,6 @@ class RegisterFile:
 
 REDRAWS = 64  # draws of a register block's tiles before taking one that does not fit (none may: a block of 1s fits)
 RAGGED_SHARE = 0.5  # of register blocks drawn with `ragged` that can take ragged rows, the share that does
-WHOLE_REDUCTION_SHARE = 0.5  # of register blocks drawn with `whole`, the share whose accumulators span the reduction
-
-
-def _space_levels_between_reductions(structure: str = TILE_STRUCTURE) -> tuple[int, ...]:
-    """Positions, in a space axis's inner tile lengths (sample_tile), of the levels the tile structure puts between
-    two reduction levels: for Ansor's SSRSRS the third S, (1,)."""
-    out, space, reductions = [], 0, 0
-    for level in structure:
-        if level == "R":
-            reductions += 1
-        else:
-            if 0 < reductions < structure.count("R"):
-                out.append(space - 1)
-            space += 1
-    return tuple(out)
-
-
-BETWEEN_REDUCTIONS = _space_levels_between_reductions()
 
 
 @dataclass(frozen=True)
@@ -457,7 +434,6 @@ def sample(
     lanes: int = 0,
     registers: RegisterFile | None = None,
     ragged: bool = False,
-    whole: bool = False,
 ) -> Decisions:
     """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization.
 
@@ -469,15 +445,8 @@ def sample(
     take the innermost tile of one such row axis from the counts that fit beyond its largest fitting divisor
     (_ragged_rows): AVX2's 16 registers hold 6 rows of two 8-lane accumulators and a broadcast, but 1024 rows have
     no divisor between 4 and 8, and 4x16 blocks keep 8 FMAs in flight where Zen 2's 2 FMA units of 5-cycle latency
-    want 10 (partition.py runs the tail block without guards in its innermost loops).
-
-    With `whole` and `registers`, half the register blocks (WHOLE_REDUCTION_SHARE) are drawn with every space tile
-    level between the reduction levels 1 (BETWEEN_REDUCTIONS: SSRSRS's third S), so that the reduction loops are
-    adjacent and the block's accumulators stay in registers across the whole reduction, as in a BLAS micro-kernel.
-    Drawn uniformly, such programs are rare (GEMM 1024: 1 draw in ~16 has both middle tiles 1), and where the middle
-    tiles are rolled the accumulators go through memory on every outer reduction step, a whole C.local panel at a
-    time."""
-    return sample_program(sketch, rng, cores, lanes, registers, ragged, whole)[0]
+    want 10 (partition.py runs the tail block without guards in its innermost loops)."""
+    return sample_program(sketch, rng, cores, lanes, registers, ragged)[0]
 
 
 def sample_program(
@@ -487,28 +456,23 @@ def sample_program(
     lanes: int = 0,
     registers: RegisterFile | None = None,
     ragged: bool = False,
-    whole: bool = False,
 ) -> tuple[Decisions, State]:
     """`sample`'s decisions and their program (`materialize(sketch, decisions)`), built on the partial programs
     that sampling builds anyway: the search then materializes each random program once, not three times."""
     contiguous = sketch.tile_contiguous
     assert len(contiguous) == len(sketch.tile_steps), "a sketch rule added a tile step without its contiguity flag"
 
-    def draw(k: int, ones: tuple[int, ...] = ()) -> tuple[int, ...]:
+    def draw(k: int) -> tuple[int, ...]:
         levels = len(sketch.state.steps[sketch.tile_steps[k]].lengths)
-        return sample_tile(sketch.tile_extents[k], levels, rng, lanes if contiguous[k] else 1, ones)
+        return sample_tile(sketch.tile_extents[k], levels, rng, lanes if contiguous[k] else 1)
 
     drawn = [draw(k) for k in range(len(sketch.tile_steps))]
     for block in sketch.register_blocks if registers is not None else ():
-        ones = BETWEEN_REDUCTIONS if whole and rng.random() < WHOLE_REDUCTION_SHARE else ()
-        if ones:
-            for k in block:
-                drawn[k] = draw(k, ones)
         for _ in range(REDRAWS):
             if registers.block_demand(sketch, block, drawn) <= registers.registers:
                 break
             for k in block:
-                drawn[k] = draw(k, ones)
+                drawn[k] = draw(k)
         if ragged and registers.block_demand(sketch, block, drawn):
             rows = _ragged_rows(sketch, block, drawn, registers)
             if rows and rng.random() < RAGGED_SHARE:

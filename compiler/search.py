@@ -73,10 +73,6 @@ class SearchParams:
     # again where the accumulators living across the innermost rolled reduction loop do not fit, and drop mutations
     # that make such a program (annotate.RegisterFile.unrolled_demand); False checks the innermost tile alone
     unrolled_blocks: bool = True
-    # with register_tiles, draw half the register blocks with the space tiles between the reduction levels 1, so
-    # that their accumulators stay in registers across the whole reduction (annotate.sample); False draws every
-    # factorization alike, as Ansor does
-    whole_reductions: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,7 +127,6 @@ class SearchPolicy:
         self.lanes = registers.lanes if self.params.lane_tiles else 0
         self.registers = registers if self.params.register_tiles else None
         self.ragged = self.params.ragged_rows and self.registers is not None
-        self.whole = self.params.whole_reductions and self.registers is not None
         self.measured: dict[str, float] = {}  # program key -> mean seconds (inf when it failed)
         self.measured_candidates: list[tuple[float, Candidate]] = []
         self.measured_programs: set[str] = set()  # program_identity of everything measured
@@ -170,13 +165,7 @@ class SearchPolicy:
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
                     d, state = sample_program(
-                        self.sketches[i],
-                        self.rng,
-                        self.target.cores,
-                        self.lanes,
-                        self.registers,
-                        self.ragged,
-                        self.whole,
+                        self.sketches[i], self.rng, self.target.cores, self.lanes, self.registers, self.ragged
                     )
                     c = Candidate(i, d, state, program_key(state))
                 except InvalidProgram:

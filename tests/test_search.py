@@ -17,7 +17,6 @@ from compiler.annotate import (
     Decisions,
     InvalidProgram,
     RegisterFile,
-    _space_levels_between_reductions,
     materialize,
     sample,
     sample_program,
@@ -294,15 +293,8 @@ def avx2_gemm(
     ragged_rows: bool = True,
     target: Target = AVX2,
     unrolled_blocks: bool = True,
-    whole_reductions: bool = False,
 ) -> SearchPolicy:
-    params = replace(
-        PARAMS,
-        register_tiles=register_tiles,
-        ragged_rows=ragged_rows,
-        unrolled_blocks=unrolled_blocks,
-        whole_reductions=whole_reductions,
-    )
+    params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows, unrolled_blocks=unrolled_blocks)
     return SearchPolicy(GEMM_1024, RandomModel(seed), target, params, seed)
 
 
@@ -502,41 +494,6 @@ def test_tile_mutations_keep_a_fitting_register_block_fitting():
             unchecked = mutate_tile_size(sk, c.decisions, c.state, rng)
             grown += unchecked is not None and not p.registers.fits(sk, unchecked.tiles)
     assert grown > 0  # the same moves unchecked do leave the register file
-
-
-def test_the_space_levels_between_reduction_levels():
-    assert _space_levels_between_reductions("SSRSRS") == (1,)  # Ansor's CPU structure: the third S
-    assert _space_levels_between_reductions("SSSRRSRS") == (2,)  # its GPU structure: the fourth S
-    assert _space_levels_between_reductions("SSRS") == ()  # one reduction level: nothing between
-
-
-def reduction_loops_adjacent(c: Candidate, stage: str = "C.local") -> bool:
-    """Whether a GEMM program's loops from its outermost reduction loop inward, leaving out those of extent 1
-    (lowering emits none), are reductions and then the register block (i.3, j.3): no space loop among them whose
-    iterations would take the accumulators through memory."""
-    iters = [it for it in c.state.stage(stage).iters if it.extent > 1]
-    first = next(n for n, it in enumerate(iters) if it.kind == "reduce")
-    inner = [it for it in iters[first:] if it.kind == "spatial"]
-    return all(it.name in ("i.3", "j.3") for it in inner) and iters[-len(inner) :] == inner
-
-
-def test_whole_reduction_blocks_keep_their_accumulators_across_every_reduction_loop():
-    p = avx2_gemm(whole_reductions=True)
-    programs = [c for c in p.sample_initial(200) if "C.local" in p.sketches[c.sketch_index].tiled]
-    assert len(programs) > 100
-    adjacent = [c for c in programs if reduction_loops_adjacent(c)]
-    # half the blocks are drawn so (WHOLE_REDUCTION_SHARE), and some of the others come out so by chance
-    assert 0.4 * len(programs) < len(adjacent) < 0.75 * len(programs)
-    for c in adjacent[:20]:  # their reduction loops k.0 and k.1 lower next to each other, the block inside them
-        sk = p.sketches[c.sketch_index]
-        i, j = sk.register_blocks[0]
-        assert c.decisions.tiles[i][1] == c.decisions.tiles[j][1] == 1
-    assert all(p.registers.fits(p.sketches[c.sketch_index], c.decisions.tiles) for c in programs)
-    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
-    # drawn uniformly, 1 in ~16 has both middle tiles 1
-    uniform = avx2_gemm()
-    drawn = [c for c in uniform.sample_initial(200) if "C.local" in uniform.sketches[c.sketch_index].tiled]
-    assert sum(reduction_loops_adjacent(c) for c in drawn) < 0.2 * len(drawn)
 
 
 # a tuning process's feature pool: prints its workers' pids and their parent's (the forkserver's), then waits
