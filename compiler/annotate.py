@@ -37,8 +37,6 @@ from compiler.state import (
 from compiler.target import Target
 
 MAX_INNERMOST_FACTOR = 64  # Ansor's max_innermost_split_factor
-# with SearchParams.long_reductions, the innermost tile of a multi-level tiled stage's reduction axis (innermost_limit)
-MAX_REDUCTION_INNERMOST = 256
 MAX_VECTORIZE = 64  # MetaSchedule's LLVM max vectorize extent (Ansor: 16); 64 fp32 = 4 AVX-512 registers
 UNROLL_STEPS = (0, 16, 64, 512)  # Ansor's CPU auto_unroll_max_step candidates
 PARALLEL_JOBS_PER_CORE = 16
@@ -278,28 +276,10 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
-def innermost_limit(sketch: Sketch, k: int, long_reductions: bool = False) -> int:
-    """The longest innermost part tile step `k` may take: Ansor's max_innermost_split_factor (64), or with
-    `long_reductions` MAX_REDUCTION_INNERMOST for the reduction axes of a multi-level tiled stage. Their innermost
-    part is not an innermost loop but the reduction loop just outside the register block, the number of steps its
-    accumulators take between trips through memory, and Ansor's 64 is short of what a GEMM wants: the loops of a
-    tuned GEMM 1024 program (4x64 AVX-512 block, k.1 = 32) ran 17.7 ms on an Emerald Rapids core, with k.1 = 128
-    16.3-16.7 ms, and the same loops in C intrinsics 15.8 ms at k.1 = 64 and 14.9 ms at 128, OpenBLAS's time
-    (bench/results/gemm-anatomy-emr-2026-11-28.txt)."""
-    return MAX_REDUCTION_INNERMOST if long_reductions and sketch.tile_reduction[k] else MAX_INNERMOST_FACTOR
-
-
-def sample_tile(
-    extent: int,
-    n_lengths: int,
-    rng: np.random.Generator,
-    multiple_of: int = 1,
-    max_innermost: int = MAX_INNERMOST_FACTOR,
-) -> tuple[int, ...]:
-    """Uniformly random perfect factorization, the innermost part at most `max_innermost`; returns the inner
-    lengths (the outer part is implied). With `multiple_of`, only those whose innermost length is a multiple of it,
-    where there are any."""
-    options = factorizations(extent, n_lengths + 1, max_innermost)
+def sample_tile(extent: int, n_lengths: int, rng: np.random.Generator, multiple_of: int = 1) -> tuple[int, ...]:
+    """Uniformly random perfect factorization; returns the inner lengths (the outer part is implied). With
+    `multiple_of`, only those whose innermost length is a multiple of it, where there are any."""
+    options = factorizations(extent, n_lengths + 1)
     if not options:  # a prime extent above the innermost limit: keep it outermost
         return (1,) * n_lengths
     if multiple_of > 1:
@@ -454,7 +434,6 @@ def sample(
     lanes: int = 0,
     registers: RegisterFile | None = None,
     ragged: bool = False,
-    long_reductions: bool = False,
 ) -> Decisions:
     """Ansor's InitFillTileSize, InitChangeComputeLocation, InitParallel, InitUnroll, InitVectorization.
 
@@ -466,9 +445,8 @@ def sample(
     take the innermost tile of one such row axis from the counts that fit beyond its largest fitting divisor
     (_ragged_rows): AVX2's 16 registers hold 6 rows of two 8-lane accumulators and a broadcast, but 1024 rows have
     no divisor between 4 and 8, and 4x16 blocks keep 8 FMAs in flight where Zen 2's 2 FMA units of 5-cycle latency
-    want 10 (partition.py runs the tail block without guards in its innermost loops). With `long_reductions`, the
-    reduction axes of multi-level tiled stages take innermost parts up to MAX_REDUCTION_INNERMOST (innermost_limit)."""
-    return sample_program(sketch, rng, cores, lanes, registers, ragged, long_reductions)[0]
+    want 10 (partition.py runs the tail block without guards in its innermost loops)."""
+    return sample_program(sketch, rng, cores, lanes, registers, ragged)[0]
 
 
 def sample_program(
@@ -478,7 +456,6 @@ def sample_program(
     lanes: int = 0,
     registers: RegisterFile | None = None,
     ragged: bool = False,
-    long_reductions: bool = False,
 ) -> tuple[Decisions, State]:
     """`sample`'s decisions and their program (`materialize(sketch, decisions)`), built on the partial programs
     that sampling builds anyway: the search then materializes each random program once, not three times."""
@@ -487,8 +464,7 @@ def sample_program(
 
     def draw(k: int) -> tuple[int, ...]:
         levels = len(sketch.state.steps[sketch.tile_steps[k]].lengths)
-        limit = innermost_limit(sketch, k, long_reductions)
-        return sample_tile(sketch.tile_extents[k], levels, rng, lanes if contiguous[k] else 1, limit)
+        return sample_tile(sketch.tile_extents[k], levels, rng, lanes if contiguous[k] else 1)
 
     drawn = [draw(k) for k in range(len(sketch.tile_steps))]
     for block in sketch.register_blocks if registers is not None else ():
@@ -607,6 +583,5 @@ __all__ = [
     "program_key",
     "UNROLL_STEPS",
     "MAX_INNERMOST_FACTOR",
-    "MAX_REDUCTION_INNERMOST",
     "MAX_VECTORIZE",
 ]

@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 
 from compiler.annotate import (
+    MAX_INNERMOST_FACTOR,
     UNROLL_STEPS,
     Decisions,
     InvalidProgram,
     RegisterFile,
     _divisors,
     _parallel_limit,
-    innermost_limit,
     materialize,
     space,
 )
@@ -24,17 +24,11 @@ from compiler.state import State
 
 
 def mutate_tile_size(
-    sketch: Sketch,
-    d: Decisions,
-    state: State,
-    rng: np.random.Generator,
-    registers: RegisterFile | None = None,
-    long_reductions: bool = False,
+    sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator, registers: RegisterFile | None = None
 ) -> Decisions | None:
     """Move a factor from one tile level of a split to another; the product (the extent, or where the levels do
     not divide it, the extent rounded up to a multiple of theirs) stays the same. None where the move makes a
-    register block that does not fit in `registers` (annotate.RegisterFile), or an innermost part longer than the
-    split's limit (annotate.innermost_limit)."""
+    register block that does not fit in `registers` (annotate.RegisterFile)."""
     candidates = [i for i, (ext, t) in enumerate(zip(sketch.tile_extents, d.tiles)) if ext > 1]
     if not candidates:
         return None
@@ -50,7 +44,7 @@ def mutate_tile_size(
     dst = [k for k in range(len(parts)) if k != src][rng.integers(len(parts) - 1)]
     parts[src] //= f
     parts[dst] *= f
-    if parts[-1] > innermost_limit(sketch, i, long_reductions):
+    if parts[-1] > MAX_INNERMOST_FACTOR:
         return None
     tiles = d.tiles[:i] + (tuple(parts[1:]),) + d.tiles[i + 1 :]
     if registers is not None and not registers.fits(sketch, tiles) and registers.fits(sketch, d.tiles):
@@ -112,22 +106,16 @@ MUTATIONS = (  # Ansor's CPU weights
 
 
 def mutate(
-    sketch: Sketch,
-    d: Decisions,
-    state: State,
-    rng: np.random.Generator,
-    registers: RegisterFile | None = None,
-    long_reductions: bool = False,
+    sketch: Sketch, d: Decisions, state: State, rng: np.random.Generator, registers: RegisterFile | None = None
 ) -> Decisions | None:
     """One mutation chosen by weight (a kind with nothing to change falls through to tile size); with `registers`,
-    tile-size moves keep register blocks that fit in them fitting; `long_reductions` as annotate.sample takes it."""
+    tile-size moves keep register blocks that fit in them fitting."""
     weights = np.array([w for _, w in MUTATIONS])
     k = int(rng.choice(len(MUTATIONS), p=weights / weights.sum()))
-    if k != 0:
-        out = MUTATIONS[k][0](sketch, d, state, rng)
-        if out is not None:
-            return out
-    return mutate_tile_size(sketch, d, state, rng, registers, long_reductions)
+    out = mutate_tile_size(sketch, d, state, rng, registers) if k == 0 else MUTATIONS[k][0](sketch, d, state, rng)
+    if out is None and k != 0:
+        out = mutate_tile_size(sketch, d, state, rng, registers)
+    return out
 
 
 def _prod(xs) -> int:

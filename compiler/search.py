@@ -73,10 +73,6 @@ class SearchParams:
     # again where the accumulators living across the innermost rolled reduction loop do not fit, and drop mutations
     # that make such a program (annotate.RegisterFile.unrolled_demand); False checks the innermost tile alone
     unrolled_blocks: bool = True
-    # the reduction axes of a multi-level tiled stage take innermost tiles up to MAX_REDUCTION_INNERMOST (256), the
-    # steps a register block accumulates between trips through memory (annotate.innermost_limit); False keeps
-    # Ansor's 64 for every split
-    long_reductions: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,13 +165,7 @@ class SearchPolicy:
                 i = int(self.rng.integers(len(self.sketches)))
                 try:
                     d, state = sample_program(
-                        self.sketches[i],
-                        self.rng,
-                        self.target.cores,
-                        self.lanes,
-                        self.registers,
-                        self.ragged,
-                        self.params.long_reductions,
+                        self.sketches[i], self.rng, self.target.cores, self.lanes, self.registers, self.ragged
                     )
                     c = Candidate(i, d, state, program_key(state))
                 except InvalidProgram:
@@ -369,7 +359,7 @@ class SearchPolicy:
                 out.append(parent)
                 continue
             sketch = self.sketches[parent.sketch_index]
-            d = mutate(sketch, parent.decisions, parent.state, self.rng, self.registers, self.params.long_reductions)
+            d = mutate(sketch, parent.decisions, parent.state, self.rng, self.registers)
             if d is None:
                 continue
             try:

@@ -41,9 +41,6 @@ class Sketch:
     # per multi-level tiled stage, the positions in tile_steps of its space axes' splits: their innermost parts
     # are the register block, the accumulators its reduction loops update (annotate.RegisterFile)
     register_blocks: tuple[tuple[int, ...], ...] = ()
-    # per tile step: it splits a reduction axis of a multi-level tiled stage (its innermost part is the reduction
-    # loop just outside the register block, not an innermost loop; annotate.innermost_limit)
-    tile_reduction: tuple[bool, ...] = ()
 
     def __str__(self):
         return f"sketch [{', '.join(self.rules)}]\n{self.state}"
@@ -57,7 +54,6 @@ class _Partial:
     tile_extents: tuple[int, ...] = ()
     tile_contiguous: tuple[bool, ...] = ()
     register_blocks: tuple[tuple[int, ...], ...] = ()
-    tile_reduction: tuple[bool, ...] = ()
     tiled: frozenset[str] = frozenset()
     fixed: frozenset[str] = frozenset()
     rules: tuple[str, ...] = ()
@@ -82,15 +78,8 @@ def _generate(dag: ComputeDAG, cores: int, pack: bool) -> tuple[Sketch, ...]:
         if p.index < 0:
             done.append(
                 Sketch(
-                    p.state,
-                    p.tile_steps,
-                    p.tile_extents,
-                    p.tiled,
-                    p.fixed,
-                    p.rules,
-                    p.tile_contiguous,
+                    p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules, p.tile_contiguous,
                     p.register_blocks,
-                    p.tile_reduction,
                 )
             )
             continue
@@ -309,7 +298,6 @@ class AddRfactor(Rule):
                 tile_steps=p.tile_steps + (split_index,),
                 tile_extents=p.tile_extents + (extent,),
                 tile_contiguous=p.tile_contiguous + (False,),
-                tile_reduction=p.tile_reduction + (False,),
                 fixed=p.fixed | {name},
                 rules=p.rules + (f"{self.name}({name}, {'outer' if part == 0 else 'inner'})",),
             )
@@ -485,7 +473,6 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
     levels = {k: TILE_STRUCTURE.count(k) for k in "SR"}
     tile_steps, tile_extents, splits = list(p.tile_steps), list(p.tile_extents), {}
     contiguous = list(p.tile_contiguous)
-    reduction = list(p.tile_reduction)
     block: list[int] = []
     last_space = [it.name for it in s.stage(sid).iters if it.kind == "spatial"][-1:]
     parts: dict[str, list[str]] = {}
@@ -500,7 +487,6 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
         tile_steps.append(len(s.steps))
         tile_extents.append(it.extent)
         contiguous.append([it.name] == last_space)
-        reduction.append(it.kind != "spatial")
         s = s.do(Split(sid, s.stage(sid).iter_index(it.name), (1,) * (n - 1)))
         parts[it.name] = [f"{it.name}.{k}" for k in range(n)]
     order = [n for n, ps in parts.items() if len(ps) == 1]
@@ -519,7 +505,6 @@ def _multi_level_tile(p: _Partial, name: str) -> _Partial:
         tile_steps=tuple(tile_steps),
         tile_extents=tuple(tile_extents),
         tile_contiguous=tuple(contiguous),
-        tile_reduction=tuple(reduction),
         register_blocks=p.register_blocks + ((tuple(block),) if block else ()),
         tiled=p.tiled | {name},
         fixed=p.fixed | {name},

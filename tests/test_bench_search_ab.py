@@ -26,7 +26,7 @@ def test_both_arms_are_tuned_and_timed_side_by_side(tmp_path, capsys):
 
 
 def test_the_switches_are_the_search_params_booleans_and_a_bad_workload_is_named(capsys):
-    assert {"register_tiles", "lane_tiles", "ragged_rows", "unrolled_blocks", "long_reductions"} <= set(SWITCHES)
+    assert {"register_tiles", "lane_tiles", "ragged_rows", "unrolled_blocks"} <= set(SWITCHES)
     with pytest.raises(SystemExit) as e:
         main(["--switch", "register_tiles", "--workload", "gemm_7"])
     assert e.value.code == 2

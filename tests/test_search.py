@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 from compiler import ops, search, te
 from compiler.annotate import (
     MAX_INNERMOST_FACTOR,
-    MAX_REDUCTION_INNERMOST,
     Decisions,
     InvalidProgram,
     RegisterFile,
-    innermost_limit,
     materialize,
     sample,
     sample_program,
@@ -115,13 +113,11 @@ def check_search_programs(name: str, unroll_limit: int | None) -> None:
         np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.atol, err_msg=f"{name}:\n{c.state}")
 
 
-def perfect(sketch: Sketch, d: Decisions, state: State, long_reductions: bool = PARAMS.long_reductions) -> None:
-    """Every tile is a perfect factorization of its extent, its innermost part within the split's limit, and no
-    stage's loops were rounded up."""
+def perfect(sketch: Sketch, d: Decisions, state: State) -> None:
+    """Every tile is a perfect factorization of its extent, and no stage's loops were rounded up."""
     assert len(d.tiles) == len(sketch.tile_extents)
-    for k, (extent, lengths) in enumerate(zip(sketch.tile_extents, d.tiles)):
-        limit = innermost_limit(sketch, k, long_reductions)
-        assert extent % math.prod(lengths) == 0 and (lengths[-1] <= limit or set(lengths) == {1})
+    for extent, lengths in zip(sketch.tile_extents, d.tiles):
+        assert extent % math.prod(lengths) == 0 and (lengths[-1] <= MAX_INNERMOST_FACTOR or set(lengths) == {1})
     for s in state.stages:
         if not s.op.is_placeholder:
             root = math.prod(s.op.shape) * math.prod(r.extent for r in s.op.reduce_axes)
@@ -297,15 +293,8 @@ def avx2_gemm(
     ragged_rows: bool = True,
     target: Target = AVX2,
     unrolled_blocks: bool = True,
-    long_reductions: bool = PARAMS.long_reductions,
 ) -> SearchPolicy:
-    params = replace(
-        PARAMS,
-        register_tiles=register_tiles,
-        ragged_rows=ragged_rows,
-        unrolled_blocks=unrolled_blocks,
-        long_reductions=long_reductions,
-    )
+    params = replace(PARAMS, register_tiles=register_tiles, ragged_rows=ragged_rows, unrolled_blocks=unrolled_blocks)
     return SearchPolicy(GEMM_1024, RandomModel(seed), target, params, seed)
 
 
@@ -505,55 +494,6 @@ def test_tile_mutations_keep_a_fitting_register_block_fitting():
             unchecked = mutate_tile_size(sk, c.decisions, c.state, rng)
             grown += unchecked is not None and not p.registers.fits(sk, unchecked.tiles)
     assert grown > 0  # the same moves unchecked do leave the register file
-
-
-def innermost_tiles(p: SearchPolicy, programs: list[Candidate], reduction: bool) -> list[int]:
-    """The innermost tile of every reduction (or every other) split of the programs' multi-level tiled stages."""
-    out = []
-    for c in programs:
-        sk = p.sketches[c.sketch_index]
-        out += [c.decisions.tiles[k][-1] for k, r in enumerate(sk.tile_reduction) if r == reduction]
-    return out
-
-
-def test_long_reduction_tiles_reach_past_64_on_reduction_axes_alone():
-    p = avx2_gemm(ragged_rows=False, long_reductions=True)  # perfect factorizations (ragged rows need not divide)
-    programs = p.sample_initial(200)
-    sk = p.sketches[0]
-    assert sk.tile_reduction == (False, False, True)  # GEMM's i, j and k splits
-    assert all(innermost_limit(sk, k, True) == (MAX_REDUCTION_INNERMOST if k == 2 else 64) for k in range(3))
-    reductions = innermost_tiles(p, programs, True)
-    assert {128, 256} <= set(reductions) and max(reductions) <= MAX_REDUCTION_INNERMOST
-    assert max(innermost_tiles(p, programs, False)) <= MAX_INNERMOST_FACTOR
-    # mutations move factors within each split's limit, and do reach past 64 on k
-    rng = np.random.default_rng(1)
-    moved = []
-    for c in programs[:40]:
-        sk = p.sketches[c.sketch_index]
-        for _ in range(10):
-            d = mutate_tile_size(sk, c.decisions, c.state, rng, p.registers, long_reductions=True)
-            if d is not None:
-                perfect(sk, d, materialize(sk, d), long_reductions=True)
-                moved.append(d.tiles[2][-1])
-    assert max(moved) > MAX_INNERMOST_FACTOR
-    # Ansor's limit without the switch
-    ansor = avx2_gemm(long_reductions=False)
-    assert max(innermost_tiles(ansor, ansor.sample_initial(200), True)) <= MAX_INNERMOST_FACTOR
-
-
-def test_long_reduction_tiles_compute_the_gemm():
-    a, b = te.placeholder((32, 512), name="A"), te.placeholder((512, 48), name="B")
-    dag = ComputeDAG([a, b, ops.matmul(a, b, name="C")])
-    p = SearchPolicy(dag, RandomModel(0), Target.host(), replace(PARAMS, long_reductions=True), 0)
-    long = [c for c in p.sample_initial(60) if max(innermost_tiles(p, [c], True), default=0) > MAX_INNERMOST_FACTOR]
-    assert len(long) >= 3
-    rng = np.random.default_rng(0)
-    xa, xb = rng.standard_normal((32, 512), np.float32), rng.standard_normal((512, 48), np.float32)
-    kernels = compile_funcs([lower(c.state, f"long{i}") for i, c in enumerate(long[:3])])
-    for i in range(3):
-        out = np.full((32, 48), np.nan, np.float32)
-        kernels[f"long{i}"](xa, xb, out)
-        np.testing.assert_allclose(out, xa @ xb, rtol=1e-4, atol=1e-3)
 
 
 # a tuning process's feature pool: prints its workers' pids and their parent's (the forkserver's), then waits
