@@ -303,6 +303,7 @@ class RegisterFile:
     lanes: int
     in_flight: int = 0  # accumulators the FMA units need to stay busy (Target.fmas_in_flight); 0: unknown
     unrolled: bool = True  # count the tile levels auto-unrolling adds to a register block (unrolled_demand)
+    resident: bool = False  # draw and keep programs whose accumulators stay in registers (`resident_program`)
 
     @staticmethod
     def of(target: Target, dtype: str) -> RegisterFile:
@@ -328,16 +329,14 @@ class RegisterFile:
     def fits(self, sketch: Sketch, tiles: tuple[tuple[int, ...], ...]) -> bool:
         return self.demand(sketch, tiles) <= self.registers
 
-    def unrolled_demand(self, state: State, stage: str) -> int:
-        """The registers the update of `stage` (a multi-level tiled stage of a complete program) needs across its
-        innermost rolled loop where that loop is a reduction: the space loops inside it are all unrolled (by its
-        auto_unroll_max_step, as lowering decides) or vectorized, so their accumulators all live across it, beside
-        one broadcast value. 0 where the innermost rolled loop is a space loop (the accumulators go to memory on
-        each of its iterations) or no vector loop is inside it. `block_demand` counts the innermost tile alone:
-        with GEMM tiles i.2 = 4, i.3 = 4, j.3 = 16 under `k.0` and k.1 = 4 (SSRSRS), auto_unroll_max_step 64
-        unrolls i.2 too and 16 AVX2 accumulators live across k.0, where the innermost tile holds 8."""
+    def update_shape(self, state: State, stage: str) -> UpdateShape | None:
+        """How the update of `stage` (a multi-level tiled stage of a complete program) uses the registers: the loops
+        inside its innermost rolled loop are all unrolled (by its auto_unroll_max_step, as lowering decides) or
+        vectorized, so the accumulators of the space loops among them live in registers across the reduction steps
+        among them, and across the rolled loop's own iterations too where it is a reduction. None where no vector
+        loop is inside that loop or nothing is rolled (a scalar or fully unrolled update is not this model's)."""
         st = state.stage(stage)
-        steps, vector, acc = 1, False, 1
+        steps, vector, acc, reduction = 1, False, 1, 1
         for it in reversed(st.iters):
             if it.extent == 1:
                 continue  # lowering emits no loop
@@ -346,22 +345,48 @@ class RegisterFile:
             unrolled = vectorized or it.annotation == "unroll"
             unrolled = unrolled or (it.annotation == "none" and steps <= st.auto_unroll_max_step)
             if not unrolled:
-                return acc + 1 if it.kind == "reduce" and vector else 0
+                if not vector:
+                    return None
+                return UpdateShape(acc, reduction * it.extent if it.kind == "reduce" else reduction)
             if it.kind == "spatial":
                 acc *= -(-it.extent // self.lanes) if vectorized else it.extent
                 vector = vector or vectorized
-        return 0  # nothing rolled: no loop for accumulators to live across
+            else:
+                reduction *= it.extent
+        return None
+
+    def unrolled_demand(self, state: State, stage: str) -> int:
+        """The registers the update of `stage` needs (`update_shape`): its accumulators and one broadcast value,
+        where they live across reduction steps; 0 where each step takes them through memory or the model does not
+        apply. `block_demand` counts the innermost tile alone: with GEMM tiles i.2 = 4, i.3 = 4, j.3 = 16 under
+        `k.0` and k.1 = 4 (SSRSRS), auto_unroll_max_step 64 unrolls i.2 too and 16 AVX2 accumulators live across
+        k.0, where the innermost tile holds 8."""
+        shape = self.update_shape(state, stage)
+        return shape.accumulators + 1 if shape is not None and shape.steps > 1 else 0
 
     def unrolled_fits(self, sketch: Sketch, state: State) -> bool:
         """Whether every multi-level tiled stage's update fits in the registers with its unrolled tile levels
         (`unrolled_demand`); True without `unrolled`."""
         if not self.unrolled:
             return True
-        return all(
-            self.unrolled_demand(state, name) <= self.registers
-            for name in sketch.tiled
-            if state.stage(name).op.reduce_axes and state.stage(name).compute_at != "inline"
-        )
+        return all(self.unrolled_demand(state, name) <= self.registers for name in _updates(sketch, state))
+
+    def resident_update(self, state: State, stage: str) -> bool:
+        """Whether the update of `stage` keeps its accumulators in registers over more than one reduction step
+        (`update_shape`; True where the model does not apply). Where a space loop is rolled between the reduction
+        loop and the block with no reduction step inside it, every step loads and stores the accumulators and the
+        update runs at the speed of memory: tuning GEMM 512, GEMM 1024 and the three 3×3 layers on an Intel AVX-512
+        host (256 trials each, 1 thread), such programs were 16-28 of each run's ~255 measured ones, the fastest of
+        them 1.65x the run's best. Few accumulators alone are no such sign: the 256-channel layer's fastest program
+        updates 2 vectors over a rolled reduction of 8 steps (the core overlaps the iterations of the space loop
+        around it), and 1-4 accumulators came within 1.06-1.13x of the best in the other layers."""
+        shape = self.update_shape(state, stage)
+        return shape is None or shape.steps > 1
+
+    def resident_program(self, sketch: Sketch, state: State) -> bool:
+        """Whether every multi-level tiled stage's update keeps its accumulators in registers (`resident_update`);
+        True without `resident`."""
+        return not self.resident or all(self.resident_update(state, name) for name in _updates(sketch, state))
 
     def row_accumulators(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
         """The block's accumulators per unit of the innermost tile of its non-contiguous axis `k`."""
@@ -374,6 +399,21 @@ class RegisterFile:
         demand grows by one row's accumulators per unit of it."""
         per_row = self.row_accumulators(sketch, block, tiles, k)
         return max(1, (self.registers - 1) // per_row) if per_row > 0 else 1
+
+
+def _updates(sketch: Sketch, state: State) -> list[str]:
+    """The multi-level tiled stages with a reduction: those whose update has a register block."""
+    return [
+        name for name in sketch.tiled if state.stage(name).op.reduce_axes and state.stage(name).compute_at != "inline"
+    ]
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """A tiled stage's update as the registers see it (RegisterFile.update_shape)."""
+
+    accumulators: int  # vectors (and scalars) of the update that live in registers
+    steps: int  # reduction steps between two trips of the accumulators through memory (1: every step loads them)
 
 
 REDRAWS = 64  # draws of a register block's tiles before taking one that does not fit (none may: a block of 1s fits)
@@ -501,7 +541,9 @@ def sample_program(
             vectorize.append((st.name, int(rng.integers(1, limit + 1))))
     d = Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
     program = _annotated(s_par, (), unroll, d.vectorize)
-    if registers is not None and not registers.unrolled_fits(sketch, program):
+    if registers is not None and not (
+        registers.unrolled_fits(sketch, program) and registers.resident_program(sketch, program)
+    ):
         d, program = _unroll_that_fits(sketch, d, s_par, rng, registers)
     return d, program
 
@@ -511,24 +553,24 @@ def _unroll_that_fits(
 ) -> tuple[Decisions, State]:
     """`d` with the auto_unroll_max_step of each tiled stage whose unrolled register block does not fit in the
     registers (RegisterFile.unrolled_demand) drawn again from the values with which it fits (0 unrolls nothing, so
-    one does wherever the innermost block fits; where none does, the value stays), and the program."""
+    one does wherever the innermost block fits; where none does, the value stays). With `registers.resident`, a stage
+    whose update does not keep its accumulators in registers (RegisterFile.resident_update) draws from the values
+    with which it fits and does, where there are any. And the program."""
     unroll = list(d.unroll)
     for i, (name, step) in enumerate(d.unroll):
         if name not in sketch.tiled:
             continue
-        fitting = [v for v in UNROLL_STEPS if _unroll_fits(d, s_par, unroll, i, int(v), registers)]
-        if fitting and step not in fitting:
-            unroll[i] = (name, int(fitting[rng.integers(len(fitting))]))
+        programs = {}
+        for value in UNROLL_STEPS:
+            trial = (*unroll[:i], (name, int(value)), *unroll[i + 1 :])
+            programs[int(value)] = _annotated(s_par, (), trial, d.vectorize)
+        fitting = [v for v, p in programs.items() if registers.unrolled_demand(p, name) <= registers.registers]
+        resident = [v for v in fitting if registers.resident_update(programs[v], name)] if registers.resident else []
+        choices = resident or fitting
+        if choices and step not in choices:
+            unroll[i] = (name, choices[rng.integers(len(choices))])
     d = replace(d, unroll=tuple(unroll))
     return d, _annotated(s_par, (), d.unroll, d.vectorize)
-
-
-def _unroll_fits(d: Decisions, s_par: State, unroll: list, i: int, value: int, registers: RegisterFile) -> bool:
-    """Whether stage `unroll[i]`'s register block fits with auto_unroll_max_step `value`."""
-    name = unroll[i][0]
-    trial = (*unroll[:i], (name, value), *unroll[i + 1 :])
-    program = _annotated(s_par, (), trial, d.vectorize)
-    return registers.unrolled_demand(program, name) <= registers.registers
 
 
 def _ragged_rows(

@@ -418,8 +418,11 @@ def test_unrolled_tile_levels_count_in_the_register_block():
     assert rf.block_demand(sk, sk.register_blocks[0], materialize_tiles(sk, prog)) == 9
     assert rf.unrolled_demand(prog, "C.local") == 33 and not rf.unrolled_fits(sk, prog)
     assert replace(rf, unrolled=False).unrolled_fits(sk, prog)
-    # at 16 steps i.2 stays a loop: the accumulators go to memory on each of its iterations
-    assert rf.unrolled_demand(_gemm_program(p, (1, 4, 4), (1, 1, 16), 4, 16)[1], "C.local") == 0
+    # at 16 steps i.2 stays a loop: the accumulators go to memory on each of its iterations, but live in registers
+    # over the 4 unrolled steps of k.1 inside it
+    assert rf.unrolled_demand(_gemm_program(p, (1, 4, 4), (1, 1, 16), 4, 16)[1], "C.local") == 9
+    # k.1 = 1 and i.3 rolled inside k.0: every step takes the accumulators through memory, nothing lives across
+    assert rf.unrolled_demand(_gemm_program(p, (1, 1, 4), (1, 1, 16), 1, 0)[1], "C.local") == 0
     # nothing above the innermost tile unrolled: the innermost block's demand
     assert rf.unrolled_demand(_gemm_program(p, (1, 1, 4), (1, 1, 16), 4, 512)[1], "C.local") == 9
 
@@ -428,13 +431,15 @@ def materialize_tiles(sk: Sketch, prog: State) -> tuple[tuple[int, ...], ...]:
     return tuple(prog.steps[idx].lengths for idx in sk.tile_steps)
 
 
-def _across_rolled_reduction(func, buffer: str, lanes: int) -> int:
-    """Counted on the lowered loop nest, independently of RegisterFile: the vectors of `buffer`'s update that live
-    across the innermost rolled loop enclosing it where that loop's variable indexes a load but not the store (a
-    reduction loop), else 0. The first update in program order: the main part; the tail of a ragged row axis
+def _update_in_registers(func, buffer: str, lanes: int) -> tuple[int, int] | None:
+    """Counted on the lowered loop nest, independently of RegisterFile: (vectors, steps) of `buffer`'s update inside
+    the innermost rolled loop enclosing it, the vectors being those its loops with a variable in the store's index
+    make, the steps those its loops without one make (reduction loops: they index a load but not the store), the
+    rolled loop's own iterations included where it is one of those; None where no vector loop is inside it or
+    nothing is rolled. The first update in program order: the main part; the tail of a ragged row axis
     (partition.py) comes after it, where a partial block's loop of one iteration is gone and its few rows may
     live across the reduction."""
-    found: list[int] = []
+    found: list[tuple[int, int] | None] = []
 
     def visit(stmt, loops):
         if found:
@@ -453,23 +458,34 @@ def _across_rolled_reduction(func, buffer: str, lanes: int) -> int:
         elif isinstance(stmt, Store) and stmt.buffer == buffer and f"{buffer}[" in str(stmt.value):
             index = te.free_vars(stmt.index)
             rolled = [f for f in loops if f.kind not in ("unrolled", "vectorized")]
-            inner = loops[loops.index(rolled[-1]) + 1 :] if rolled else []
-            vectors = 1
+            inner = loops[loops.index(rolled[-1]) :] if rolled else []
+            if not inner or not any(f.kind == "vectorized" for f in inner[1:]):
+                found.append(None)
+                return
+            vectors = steps = 1
             for f in inner:
-                if f.var.name in index:
+                if f.var.name not in index:
+                    steps *= f.extent
+                elif f is not inner[0]:
                     vectors *= -(-f.extent // lanes) if f.kind == "vectorized" else f.extent
-            across = rolled and rolled[-1].var.name not in index and any(f.kind == "vectorized" for f in inner)
-            found.append(vectors if across else 0)
+            found.append((vectors, steps))
 
     visit(func.body, [])
-    return found[0] if found else 0
+    return found[0] if found else None
+
+
+def _counted_demand(func, buffer: str, lanes: int) -> int:
+    """The registers `_update_in_registers` says the update needs: its vectors and a broadcast where they live over
+    more than one reduction step, else 0."""
+    shape = _update_in_registers(func, buffer, lanes)
+    return shape[0] + 1 if shape is not None and shape[1] > 1 else 0
 
 
 def test_sampled_and_mutated_programs_keep_their_unrolled_register_blocks_in_the_registers():
     p = avx2_gemm(seed=5)
     programs = p.sample_initial(150)
-    counted = [_across_rolled_reduction(lower(c.state, "k"), "C.local", 8) for c in programs]
-    assert all(n + 1 <= 16 for n in counted), max(counted)
+    counted = [_counted_demand(lower(c.state, "k"), "C.local", 8) for c in programs]
+    assert all(n <= 16 for n in counted), max(counted)
     assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
     children = p._next_generation(programs, np.ones(len(programs)))
     assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in children)
@@ -477,9 +493,67 @@ def test_sampled_and_mutated_programs_keep_their_unrolled_register_blocks_in_the
     unchecked = avx2_gemm(seed=5, unrolled_blocks=False)
     assert not unchecked.registers.unrolled
     drawn = unchecked.sample_initial(150)
-    over = [c for c in drawn if _across_rolled_reduction(lower(c.state, "k"), "C.local", 8) + 1 > 16]
+    over = [c for c in drawn if _counted_demand(lower(c.state, "k"), "C.local", 8) > 16]
     assert len(over) > 150 // 20
     assert all(not p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in over)
+
+
+def test_the_update_shape_is_what_the_lowered_loop_nest_keeps_in_registers():
+    p = avx2_gemm(seed=2)
+    rf = p.registers
+    shapes = 0
+    for c in p.sample_initial(120) + p._next_generation(p.sample_initial(60), np.ones(60)):
+        if "C.local" not in p.sketches[c.sketch_index].tiled:
+            continue
+        shape = rf.update_shape(c.state, "C.local")
+        counted = _update_in_registers(lower(c.state, "k"), "C.local", 8)
+        assert (shape.accumulators, shape.steps) == counted if shape else counted is None, c.decisions
+        shapes += shape is not None
+    assert shapes > 60
+
+
+def test_a_resident_update_keeps_its_accumulators_in_registers_over_several_reduction_steps():
+    p = avx2_gemm()
+    rf = replace(p.registers, resident=True)
+    # 5 rows of two vectors unrolled (5 steps), k.1 = 4 rolled around them (20 steps: over 16)
+    sk, prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 16)
+    assert (rf.update_shape(prog, "C.local").accumulators, rf.update_shape(prog, "C.local").steps) == (10, 4)
+    assert rf.resident_update(prog, "C.local") and rf.resident_program(sk, prog)
+    # 2 rows: k.1 unrolled too, the 4 accumulators live over k.0's 256 iterations of 4 steps
+    sk, prog = _gemm_program(p, (1, 1, 2), (1, 1, 16), 4, 16)
+    assert (rf.update_shape(prog, "C.local").accumulators, rf.update_shape(prog, "C.local").steps) == (4, 1024)
+    assert rf.resident_program(sk, prog)
+    # auto_unroll_max_step 0: i.3 is rolled inside k.1, every step takes the 5 rows through memory
+    sk, prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 0)
+    assert rf.update_shape(prog, "C.local").steps == 1
+    assert not rf.resident_update(prog, "C.local") and not rf.resident_program(sk, prog)
+    assert p.registers.resident_program(sk, prog)  # the switch off: every program counts
+    # 8 rows with k.1 = 1 unrolled whole under k.0 (16 steps): resident, but 17 registers, over the 16
+    sk, prog = _gemm_program(p, (1, 1, 8), (1, 1, 16), 1, 16)
+    assert rf.update_shape(prog, "C.local").steps == 1024 and rf.resident_update(prog, "C.local")
+    assert not rf.unrolled_fits(sk, prog)
+
+
+def test_resident_accumulators_draw_and_keep_programs_that_keep_them_in_registers():
+    params = replace(PARAMS, resident_accumulators=True)
+    p = SearchPolicy(GEMM_1024, RandomModel(0), AVX2, params, 0)
+    assert p.registers.resident
+    programs = p.sample_initial(200)
+    resident = [c for c in programs if p.registers.resident_program(p.sketches[c.sketch_index], c.state)]
+    assert len(resident) > 0.8 * len(programs)
+    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
+    for c in resident:  # independently of RegisterFile, on the lowered loop nest
+        if "C.local" in p.sketches[c.sketch_index].tiled:
+            shape = _update_in_registers(lower(c.state, "k"), "C.local", 8)
+            assert shape is None or shape[1] > 1
+    children = p._next_generation(resident, np.ones(len(resident)))
+    assert all(p.registers.resident_program(p.sketches[c.sketch_index], c.state) for c in children)
+    # the switch off (the default): a good part of the same draws take their accumulators through memory
+    ansor = SearchPolicy(GEMM_1024, RandomModel(0), AVX2, PARAMS, 0)
+    assert not ansor.registers.resident
+    drawn = ansor.sample_initial(200)
+    rf = replace(ansor.registers, resident=True)
+    assert sum(not rf.resident_program(ansor.sketches[c.sketch_index], c.state) for c in drawn) > 200 // 5
 
 
 def test_tile_mutations_keep_a_fitting_register_block_fitting():
