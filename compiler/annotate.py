@@ -303,7 +303,6 @@ class RegisterFile:
     lanes: int
     in_flight: int = 0  # accumulators the FMA units need to stay busy (Target.fmas_in_flight); 0: unknown
     unrolled: bool = True  # count the tile levels auto-unrolling adds to a register block (unrolled_demand)
-    resident: bool = False  # draw and keep programs whose accumulators stay in registers (`resident_program`)
 
     @staticmethod
     def of(target: Target, dtype: str) -> RegisterFile:
@@ -369,24 +368,11 @@ class RegisterFile:
         (`unrolled_demand`); True without `unrolled`."""
         if not self.unrolled:
             return True
-        return all(self.unrolled_demand(state, name) <= self.registers for name in _updates(sketch, state))
-
-    def resident_update(self, state: State, stage: str) -> bool:
-        """Whether the update of `stage` keeps its accumulators in registers over more than one reduction step
-        (`update_shape`; True where the model does not apply). Where a space loop is rolled between the reduction
-        loop and the block with no reduction step inside it, every step loads and stores the accumulators and the
-        update runs at the speed of memory: tuning GEMM 512, GEMM 1024 and the three 3×3 layers on an Intel AVX-512
-        host (256 trials each, 1 thread), such programs were 16-28 of each run's ~255 measured ones, the fastest of
-        them 1.65x the run's best. Few accumulators alone are no such sign: the 256-channel layer's fastest program
-        updates 2 vectors over a rolled reduction of 8 steps (the core overlaps the iterations of the space loop
-        around it), and 1-4 accumulators came within 1.06-1.13x of the best in the other layers."""
-        shape = self.update_shape(state, stage)
-        return shape is None or shape.steps > 1
-
-    def resident_program(self, sketch: Sketch, state: State) -> bool:
-        """Whether every multi-level tiled stage's update keeps its accumulators in registers (`resident_update`);
-        True without `resident`."""
-        return not self.resident or all(self.resident_update(state, name) for name in _updates(sketch, state))
+        return all(
+            self.unrolled_demand(state, name) <= self.registers
+            for name in sketch.tiled
+            if state.stage(name).op.reduce_axes and state.stage(name).compute_at != "inline"
+        )
 
     def row_accumulators(self, sketch: Sketch, block: tuple[int, ...], tiles: Sequence[tuple[int, ...]], k: int) -> int:
         """The block's accumulators per unit of the innermost tile of its non-contiguous axis `k`."""
@@ -399,13 +385,6 @@ class RegisterFile:
         demand grows by one row's accumulators per unit of it."""
         per_row = self.row_accumulators(sketch, block, tiles, k)
         return max(1, (self.registers - 1) // per_row) if per_row > 0 else 1
-
-
-def _updates(sketch: Sketch, state: State) -> list[str]:
-    """The multi-level tiled stages with a reduction: those whose update has a register block."""
-    return [
-        name for name in sketch.tiled if state.stage(name).op.reduce_axes and state.stage(name).compute_at != "inline"
-    ]
 
 
 @dataclass(frozen=True)
@@ -541,9 +520,7 @@ def sample_program(
             vectorize.append((st.name, int(rng.integers(1, limit + 1))))
     d = Decisions(tiles, locations, tuple(parallel), tuple(vectorize), unroll)
     program = _annotated(s_par, (), unroll, d.vectorize)
-    if registers is not None and not (
-        registers.unrolled_fits(sketch, program) and registers.resident_program(sketch, program)
-    ):
+    if registers is not None and not registers.unrolled_fits(sketch, program):
         d, program = _unroll_that_fits(sketch, d, s_par, rng, registers)
     return d, program
 
@@ -553,24 +530,24 @@ def _unroll_that_fits(
 ) -> tuple[Decisions, State]:
     """`d` with the auto_unroll_max_step of each tiled stage whose unrolled register block does not fit in the
     registers (RegisterFile.unrolled_demand) drawn again from the values with which it fits (0 unrolls nothing, so
-    one does wherever the innermost block fits; where none does, the value stays). With `registers.resident`, a stage
-    whose update does not keep its accumulators in registers (RegisterFile.resident_update) draws from the values
-    with which it fits and does, where there are any. And the program."""
+    one does wherever the innermost block fits; where none does, the value stays), and the program."""
     unroll = list(d.unroll)
     for i, (name, step) in enumerate(d.unroll):
         if name not in sketch.tiled:
             continue
-        programs = {}
-        for value in UNROLL_STEPS:
-            trial = (*unroll[:i], (name, int(value)), *unroll[i + 1 :])
-            programs[int(value)] = _annotated(s_par, (), trial, d.vectorize)
-        fitting = [v for v, p in programs.items() if registers.unrolled_demand(p, name) <= registers.registers]
-        resident = [v for v in fitting if registers.resident_update(programs[v], name)] if registers.resident else []
-        choices = resident or fitting
-        if choices and step not in choices:
-            unroll[i] = (name, choices[rng.integers(len(choices))])
+        fitting = [v for v in UNROLL_STEPS if _unroll_fits(d, s_par, unroll, i, int(v), registers)]
+        if fitting and step not in fitting:
+            unroll[i] = (name, int(fitting[rng.integers(len(fitting))]))
     d = replace(d, unroll=tuple(unroll))
     return d, _annotated(s_par, (), d.unroll, d.vectorize)
+
+
+def _unroll_fits(d: Decisions, s_par: State, unroll: list, i: int, value: int, registers: RegisterFile) -> bool:
+    """Whether stage `unroll[i]`'s register block fits with auto_unroll_max_step `value`."""
+    name = unroll[i][0]
+    trial = (*unroll[:i], (name, value), *unroll[i + 1 :])
+    program = _annotated(s_par, (), trial, d.vectorize)
+    return registers.unrolled_demand(program, name) <= registers.registers
 
 
 def _ragged_rows(

@@ -73,10 +73,6 @@ class SearchParams:
     # again where the accumulators living across the innermost rolled reduction loop do not fit, and drop mutations
     # that make such a program (annotate.RegisterFile.unrolled_demand); False checks the innermost tile alone
     unrolled_blocks: bool = True
-    # with register_tiles, draw the unroll step again where an update would take its accumulators through memory on
-    # every reduction step, from the steps with which it keeps them in registers, and drop mutations that make such
-    # a program (annotate.RegisterFile.resident_update); False leaves them to the cost model
-    resident_accumulators: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,11 +123,7 @@ class SearchPolicy:
         self.sketches: tuple[Sketch, ...] = generate_sketches(self.dag, self.target)
         out_dtype = self.dag.op(self.dag.outputs[0]).dtype
         # the vector width in output elements
-        registers = replace(
-            RegisterFile.of(self.target, out_dtype),
-            unrolled=self.params.unrolled_blocks,
-            resident=self.params.resident_accumulators,
-        )
+        registers = replace(RegisterFile.of(self.target, out_dtype), unrolled=self.params.unrolled_blocks)
         self.lanes = registers.lanes if self.params.lane_tiles else 0
         self.registers = registers if self.params.register_tiles else None
         self.ragged = self.params.ragged_rows and self.registers is not None
@@ -378,9 +370,6 @@ class SearchPolicy:
             if self.registers is not None and not self.registers.unrolled_fits(sketch, c.state):
                 if self.registers.unrolled_fits(sketch, parent.state):
                     continue  # as mutate_tile_size does not make an innermost block over the registers
-            if self.registers is not None and not self.registers.resident_program(sketch, c.state):
-                if self.registers.resident_program(sketch, parent.state):
-                    continue
             out.append(c)
             self._send_soon(c)
         return out

@@ -19,7 +19,6 @@ def test_both_arms_are_tuned_and_timed_side_by_side(tmp_path, capsys):
     assert [(r["seed"], r["on"]) for r in rows] == [(0, False), (0, True)]
     for r in rows:
         assert r["median_ms"] > 0 and len(r["ratios"]) == 3 and r["ratio"] > 0 and r["measured"] >= 3
-        assert 0 <= r["in_memory"] <= r["measured"]
     assert rows[1]["over_budget"] == 0  # with the rule no measured program's register block spills
     out = capsys.readouterr().out
     assert "register_tiles=False: ratio to numpy-openblas median" in out
@@ -27,7 +26,7 @@ def test_both_arms_are_tuned_and_timed_side_by_side(tmp_path, capsys):
 
 
 def test_the_switches_are_the_search_params_booleans_and_a_bad_workload_is_named(capsys):
-    assert {"register_tiles", "lane_tiles", "ragged_rows", "unrolled_blocks", "resident_accumulators"} <= set(SWITCHES)
+    assert {"register_tiles", "lane_tiles", "ragged_rows", "unrolled_blocks"} <= set(SWITCHES)
     with pytest.raises(SystemExit) as e:
         main(["--switch", "register_tiles", "--workload", "gemm_7"])
     assert e.value.code == 2

@@ -17,6 +17,7 @@ from compiler.annotate import (
     Decisions,
     InvalidProgram,
     RegisterFile,
+    UpdateShape,
     materialize,
     sample,
     sample_program,
@@ -512,48 +513,17 @@ def test_the_update_shape_is_what_the_lowered_loop_nest_keeps_in_registers():
     assert shapes > 60
 
 
-def test_a_resident_update_keeps_its_accumulators_in_registers_over_several_reduction_steps():
+def test_the_update_shape_counts_the_steps_between_the_accumulators_trips_through_memory():
     p = avx2_gemm()
-    rf = replace(p.registers, resident=True)
+    rf = p.registers
     # 5 rows of two vectors unrolled (5 steps), k.1 = 4 rolled around them (20 steps: over 16)
-    sk, prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 16)
-    assert (rf.update_shape(prog, "C.local").accumulators, rf.update_shape(prog, "C.local").steps) == (10, 4)
-    assert rf.resident_update(prog, "C.local") and rf.resident_program(sk, prog)
+    prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 16)[1]
+    assert rf.update_shape(prog, "C.local") == UpdateShape(accumulators=10, steps=4)
     # 2 rows: k.1 unrolled too, the 4 accumulators live over k.0's 256 iterations of 4 steps
-    sk, prog = _gemm_program(p, (1, 1, 2), (1, 1, 16), 4, 16)
-    assert (rf.update_shape(prog, "C.local").accumulators, rf.update_shape(prog, "C.local").steps) == (4, 1024)
-    assert rf.resident_program(sk, prog)
+    assert rf.update_shape(_gemm_program(p, (1, 1, 2), (1, 1, 16), 4, 16)[1], "C.local") == UpdateShape(4, 1024)
     # auto_unroll_max_step 0: i.3 is rolled inside k.1, every step takes the 5 rows through memory
-    sk, prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 0)
-    assert rf.update_shape(prog, "C.local").steps == 1
-    assert not rf.resident_update(prog, "C.local") and not rf.resident_program(sk, prog)
-    assert p.registers.resident_program(sk, prog)  # the switch off: every program counts
-    # 8 rows with k.1 = 1 unrolled whole under k.0 (16 steps): resident, but 17 registers, over the 16
-    sk, prog = _gemm_program(p, (1, 1, 8), (1, 1, 16), 1, 16)
-    assert rf.update_shape(prog, "C.local").steps == 1024 and rf.resident_update(prog, "C.local")
-    assert not rf.unrolled_fits(sk, prog)
-
-
-def test_resident_accumulators_draw_and_keep_programs_that_keep_them_in_registers():
-    params = replace(PARAMS, resident_accumulators=True)
-    p = SearchPolicy(GEMM_1024, RandomModel(0), AVX2, params, 0)
-    assert p.registers.resident
-    programs = p.sample_initial(200)
-    resident = [c for c in programs if p.registers.resident_program(p.sketches[c.sketch_index], c.state)]
-    assert len(resident) > 0.8 * len(programs)
-    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
-    for c in resident:  # independently of RegisterFile, on the lowered loop nest
-        if "C.local" in p.sketches[c.sketch_index].tiled:
-            shape = _update_in_registers(lower(c.state, "k"), "C.local", 8)
-            assert shape is None or shape[1] > 1
-    children = p._next_generation(resident, np.ones(len(resident)))
-    assert all(p.registers.resident_program(p.sketches[c.sketch_index], c.state) for c in children)
-    # the switch off (the default): a good part of the same draws take their accumulators through memory
-    ansor = SearchPolicy(GEMM_1024, RandomModel(0), AVX2, PARAMS, 0)
-    assert not ansor.registers.resident
-    drawn = ansor.sample_initial(200)
-    rf = replace(ansor.registers, resident=True)
-    assert sum(not rf.resident_program(ansor.sketches[c.sketch_index], c.state) for c in drawn) > 200 // 5
+    prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 0)[1]
+    assert rf.update_shape(prog, "C.local") == UpdateShape(2, 1) and rf.unrolled_demand(prog, "C.local") == 0
 
 
 def test_tile_mutations_keep_a_fitting_register_block_fitting():
