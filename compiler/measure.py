@@ -340,7 +340,8 @@ def random_inputs(dag: ComputeDAG, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def _build_evictor(folder: Path) -> str:
+def build_evictor(folder: Path) -> str:
+    """The cache-line flush (EVICT_C) as a shared library in `folder`: `tilefarm_evict(pointer, bytes)`."""
     src = folder / "evict.c"
     src.write_text(EVICT_C)
     return str(link_shared_library(folder / "evict.so", [src]))
@@ -391,7 +392,7 @@ class LocalRunner:
         self.flush_bytes = 2 * (Target.host().l3_bytes or DEFAULT_L3_BYTES) if cache_flush else 0
         self._dir = Path(tempfile.mkdtemp(prefix="tilefarm-run-"))
         self.cold_constants = cold_constants
-        self._evict_lib = _build_evictor(self._dir) if cold_constants else None
+        self._evict_lib = build_evictor(self._dir) if cold_constants else None
         self.cache = cache_condition(cache_flush, cold_constants)
         self._proc: subprocess.Popen | None = None
         self._busy = False  # a request was sent and its reply not read

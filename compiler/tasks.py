@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from compiler import ops, te
+from compiler.cache_probe import keeps_cached
 from compiler.dag import ComputeDAG, topological_tensors
 from compiler.errors import TilefarmError, UnsupportedOp
 from compiler.graph import Graph, Value
@@ -221,8 +222,12 @@ def weights_exceed_cache(weights_bytes: int, l3_bytes: int | None) -> bool:
 
 
 def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None) -> bool:
-    """A WEIGHT_MODES choice made: "cold" and "warm" as said, "auto" cold exactly when `weights_arrive_cold`."""
-    return mode == "cold" or (mode == "auto" and weights_arrive_cold(calls, l3_bytes))
+    """A WEIGHT_MODES choice made: "cold" and "warm" as said, "auto" cold when `weights_arrive_cold` or, where the
+    weights fit the cache's reported size, when this host does not keep that many bytes cached as it re-reads them
+    (cache_probe.keeps_cached: a virtual machine reports its host's whole cache, not its share)."""
+    if mode != "auto":
+        return mode == "cold"
+    return weights_arrive_cold(calls, l3_bytes) or not keeps_cached(constant_bytes(calls))
 
 
 def _task_name(group: Group) -> str:

@@ -363,6 +363,34 @@ def test_tasks_know_which_inputs_are_model_constants():
     assert weights_arrive_cold(calls, 32 << 20) and not weights_arrive_cold(calls, 128 << 20)
 
 
+def test_auto_times_weights_cold_where_this_host_does_not_keep_them_cached(monkeypatch):
+    from compiler import cache_probe, tasks
+    from compiler.examples import tiny_cnn
+    from compiler.onnx_frontend import load
+    from compiler.tasks import constant_bytes, extract_tasks, weights_timed_cold
+
+    _, calls, _ = extract_tasks(load(tiny_cnn()))
+    probed = []
+
+    def keeps(nbytes: int, kept: bool) -> bool:
+        probed.append(nbytes)
+        return kept
+
+    # the weights fit the reported cache: the measured re-read decides
+    monkeypatch.setattr(tasks, "keeps_cached", lambda n: keeps(n, True))
+    assert not weights_timed_cold("auto", calls, 1 << 30)
+    monkeypatch.setattr(tasks, "keeps_cached", lambda n: keeps(n, False))
+    assert weights_timed_cold("auto", calls, 1 << 30)
+    assert probed == [constant_bytes(calls)] * 2
+    # over the reported cache they are cold without a measurement; "warm" and "cold" are taken as said
+    assert weights_timed_cold("auto", calls, 1) and probed == [constant_bytes(calls)] * 2
+    assert not weights_timed_cold("warm", calls, 1) and weights_timed_cold("cold", calls, 1 << 30)
+    assert len(probed) == 2
+    # measured: a buffer that fits every host's L2 re-reads far faster than from memory once flushed
+    ratio = cache_probe.reread_ratio(256 << 10)
+    assert ratio is not None and 0 < ratio < cache_probe.CACHED_RATIO and cache_probe.keeps_cached(256 << 10)
+
+
 def test_a_build_worker_whose_tuning_process_is_gone_exits_quietly(capfd):
     # the tuning process killed or interrupted: its end of the pipe closes, and the worker returns without the
     # EOFError traceback it printed before (one per worker on a Ctrl-C of `tilefarm tune`)

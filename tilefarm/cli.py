@@ -365,7 +365,7 @@ def _print_feature_edits() -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_timed_cold
+    from compiler.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_arrive_cold, weights_timed_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
     print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
@@ -380,7 +380,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         l3 = Target.host().l3_bytes
         args.weights = "cold" if weights_timed_cold("auto", plan.calls, l3) else "warm"
         mb, l3_mb = constant_bytes(plan.calls) / 2**20, (l3 or 0) / 2**20
-        print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB: kernels timed with weights {args.weights}")
+        measured = args.weights == "cold" and not weights_arrive_cold(plan.calls, l3)
+        kept = ", not kept cached here (measured)" if measured else ""
+        print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB{kept}: kernels timed with weights", args.weights)
     return _run_tuning(plan.all_tasks, args, plan.choices)
 
 
