@@ -221,13 +221,14 @@ def weights_exceed_cache(weights_bytes: int, l3_bytes: int | None) -> bool:
     return weights_bytes > (l3_bytes or DEFAULT_L3_BYTES)
 
 
-def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None) -> bool:
+def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None, probe: bool = True) -> bool:
     """A WEIGHT_MODES choice made: "cold" and "warm" as said, "auto" cold when `weights_arrive_cold` or, where the
-    weights fit the cache's reported size, when this host does not keep that many bytes cached as it re-reads them
-    (cache_probe.keeps_cached: a virtual machine reports its host's whole cache, not its share)."""
+    weights fit the cache's reported size and `probe` (this host is of the class that measures), when this host does
+    not keep that many bytes cached as it re-reads them (cache_probe.keeps_cached: a virtual machine reports its
+    host's whole cache, not its share)."""
     if mode != "auto":
         return mode == "cold"
-    return weights_arrive_cold(calls, l3_bytes) or not keeps_cached(constant_bytes(calls))
+    return weights_arrive_cold(calls, l3_bytes) or (probe and not keeps_cached(constant_bytes(calls)))
 
 
 def _task_name(group: Group) -> str:

@@ -382,6 +382,8 @@ def test_auto_times_weights_cold_where_this_host_does_not_keep_them_cached(monke
     monkeypatch.setattr(tasks, "keeps_cached", lambda n: keeps(n, False))
     assert weights_timed_cold("auto", calls, 1 << 30)
     assert probed == [constant_bytes(calls)] * 2
+    # measured only where this host is of the class that times the kernels (a farm's search host may not be)
+    assert not weights_timed_cold("auto", calls, 1 << 30, probe=False) and len(probed) == 2
     # over the reported cache they are cold without a measurement; "warm" and "cold" are taken as said
     assert weights_timed_cold("auto", calls, 1) and probed == [constant_bytes(calls)] * 2
     assert not weights_timed_cold("warm", calls, 1) and weights_timed_cold("cold", calls, 1 << 30)

@@ -343,9 +343,10 @@ def _search(claim: progress.Claim) -> None:
         log.info("job %d: %s", claim.job_id, line)
         options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache, or
-        # the part of it the host keeps for them (measured: a VM reports its host's whole cache), meets them cold in
-        # every run, so its kernels are timed that way
-        cold = weights_timed_cold("auto", plan.calls, target.l3_bytes)
+        # the part of it the host keeps for them (measured, where this host is of the measuring class: a VM reports
+        # its host's whole cache), meets them cold in every run, so its kernels are timed that way
+        here = target.fingerprint() == Target.host().fingerprint()
+        cold = weights_timed_cold("auto", plan.calls, target.l3_bytes, probe=here)
         log.info("job %d: kernels timed with weights %s", claim.job_id, "cold" if cold else "warm")
         runner = FarmRunner(
             settings,
