@@ -10,7 +10,6 @@ had timed them (its estimate 8.74 ms, the run 13.5; timed cold, 13.06 and 12.2-1
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import tempfile
 import time
@@ -26,14 +25,14 @@ def reread_ratio(nbytes: int, rounds: int = ROUNDS) -> float | None:
     """Median over `rounds` of the time to read a buffer of `nbytes` right after reading it, over the time to read it
     after flushing its cache lines from every level; None where the flush cannot be built (no C compiler)."""
     from compiler.measure import build_evictor
+    from compiler.measure_worker import evictor
 
     buf = np.ones(max(nbytes, 64) // 8, np.uint64)
     with tempfile.TemporaryDirectory(prefix="tilefarm-probe-") as tmp:
         try:
-            evict = ctypes.CDLL(build_evictor(Path(tmp))).tilefarm_evict
+            evict = evictor(build_evictor(Path(tmp)))
         except Exception:  # noqa: BLE001 - no compiler or linker: nothing to measure with
             return None
-        evict.restype, evict.argtypes = None, [ctypes.c_void_p, ctypes.c_size_t]
         ratios = []
         for _ in range(rounds):
             _read(buf)

@@ -221,6 +221,14 @@ def measure(req: dict) -> dict:
 _evictors: dict[str, ctypes.CDLL] = {}
 
 
+def evictor(path: str) -> Callable[[int, int], None]:
+    """`tilefarm_evict(pointer, bytes)` of the evictor library at `path` (measure.build_evictor), loaded once."""
+    if path not in _evictors:
+        _evictors[path] = ctypes.CDLL(path)
+        _evictors[path].tilefarm_evict.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return _evictors[path].tilefarm_evict
+
+
 def _cache_preparation(req: dict, task: _Task) -> Callable[[], None] | None:
     """What runs before each timed call: overwrite a buffer twice the L3 (`flush_bytes`: every cache cold), and/or
     flush the lines of the inputs listed in `evict` (the model's weights cold, as in a run of a model whose weights
@@ -234,11 +242,7 @@ def _cache_preparation(req: dict, task: _Task) -> Callable[[], None] | None:
 
         steps.append(overwrite)
     if req.get("evict"):
-        path = req["evict_lib"]
-        if path not in _evictors:
-            _evictors[path] = ctypes.CDLL(path)
-            _evictors[path].tilefarm_evict.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        evict = _evictors[path].tilefarm_evict
+        evict = evictor(req["evict_lib"])
         spans = [(task.inputs[i].ctypes.data, task.inputs[i].nbytes) for i in req["evict"]]
 
         def evict_inputs() -> None:
