@@ -19,6 +19,9 @@ import numpy as np
 
 CACHED_RATIO = 0.6  # a re-read taking at most this share of a read from memory is served by a cache
 ROUNDS = 5
+# at most a core's private L2 on every host we know (Zen 2/3: 512 KiB), which CPUID reports as it is in a VM too:
+# weights this small stay cached without a measurement, whose reads would last microseconds, too short to time
+PRIVATE_CACHE_BYTES = 512 << 10
 
 
 def reread_ratio(nbytes: int, rounds: int = ROUNDS) -> float | None:
@@ -45,7 +48,9 @@ def reread_ratio(nbytes: int, rounds: int = ROUNDS) -> float | None:
 
 def keeps_cached(nbytes: int) -> bool:
     """Whether `nbytes` read over and over stay in a cache on this host (`reread_ratio` below CACHED_RATIO; True where
-    it cannot be measured, as the cache's size alone said before)."""
+    it cannot be measured, as the cache's size alone said before, and up to PRIVATE_CACHE_BYTES)."""
+    if nbytes <= PRIVATE_CACHE_BYTES:
+        return True
     ratio = reread_ratio(nbytes)
     return ratio is None or ratio < CACHED_RATIO
 

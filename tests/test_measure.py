@@ -391,6 +391,10 @@ def test_auto_times_weights_cold_where_this_host_does_not_keep_them_cached(monke
     # measured: a buffer that fits every host's L2 re-reads far faster than from memory once flushed
     ratio = cache_probe.reread_ratio(256 << 10)
     assert ratio is not None and 0 < ratio < cache_probe.CACHED_RATIO and cache_probe.keeps_cached(256 << 10)
+    # weights that fit a core's private cache are not measured: reads of a few bytes are too short to time
+    monkeypatch.setattr(cache_probe, "reread_ratio", lambda n: probed.append(n) or 1.0)
+    assert cache_probe.keeps_cached(cache_probe.PRIVATE_CACHE_BYTES) and len(probed) == 2
+    assert not cache_probe.keeps_cached(cache_probe.PRIVATE_CACHE_BYTES + 1) and len(probed) == 3
 
 
 def test_a_build_worker_whose_tuning_process_is_gone_exits_quietly(capfd):
