@@ -574,9 +574,13 @@ def test_feature_workers_and_their_forkserver_exit_when_the_tuner_is_killed(tmp_
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        # an exited child of init is reaped at once; a zombie would still answer, so read its state
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+        # an exited child of init is reaped at once; a zombie would still answer, so read its state (it may be gone
+        # by the time the read comes)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
 
     deadline = time.monotonic() + 15
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
