@@ -1,7 +1,7 @@
 # tilefarm's service image: the API (`tilefarm serve`) and the workers (`tilefarm worker`) run the same image.
 FROM python:3.11-slim
 
-# gcc (with libgomp) links each artifact's kernels into its shared library (compiler/codegen: $CC, else cc)
+# gcc (with libgomp) links each artifact's kernels into its shared library (compiler/targets/cpu/codegen: $CC, else cc)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*

@@ -4,7 +4,7 @@ onnxruntime, interleaved in one process.
     python -m bench.compare resnet18 before=old.tar after=new.tar [--threads 1] [--repeat 7] [--processes 3]
 
 Build each artifact with the code it belongs to (`tilefarm compile MODEL --records R -o X.tar`, or
-`compiler.build.build`); runtimes of different commits load side by side because an artifact is a plain shared
+`compiler.artifact.build.build`); runtimes of different commits load side by side because an artifact is a plain shared
 library. On these shared 2-vCPU hosts a model's latency drifts by a third over tens of minutes, so two tuning runs'
 own end-of-run timings do not compare; samples taken in turn in one process do. Each process prints every system's
 median and its ratio to onnxruntime; outputs are checked against onnxruntime first.
@@ -20,8 +20,8 @@ import sys
 from bench.kernels import interleaved
 from bench.models import batch1_inputs, difference, ort_session
 from bench.timing import json_from_process
-from compiler.examples import EXAMPLES
-from compiler.runtime import Artifact
+from compiler.artifact.runtime import Artifact
+from tilefarm.examples import EXAMPLES
 
 
 def time_once(model_name: str, artifacts: dict[str, str], threads: int, repeat: int) -> dict:

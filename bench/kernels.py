@@ -19,15 +19,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from compiler import hand_schedules as schedules
-from compiler import ops, te
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.lower import lower
-from compiler.measure_worker import aligned
-from compiler.passes import CONV_BLOCK, pack_conv_weight
-from compiler.state import State, initial_state
-from compiler.target import Target
+from compiler.model.passes import CONV_BLOCK, pack_conv_weight
+from compiler.schedule import hand_schedules as schedules
+from compiler.schedule.lower import lower
+from compiler.schedule.state import State, initial_state
+from compiler.targets import host_target
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.sandbox import aligned
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def winograd_conv(c: int, hw: int, m: int = 4, suffix: str = "") -> Workload:
     (as between two convs; onnxruntime runs its NCHWc conv node the same way). With m = 4 it is the layer as
     tilefarm compiles it inside a model (the `winograd_convs` pass takes every 3x3 stride-1 conv with at least 16
     output tiles of 4x4)."""
-    from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
+    from compiler.model.winograd import winograd_matrices, winograd_weight
+    from compiler.tensor.ops.winograd import conv2d_winograd
 
     a = m + 2
     b = CONV_BLOCK
@@ -302,7 +303,7 @@ def fair_openblas_env() -> dict[str, str]:
     from threadpoolctl import threadpool_info
 
     archs = {i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"}
-    host = Target.host()
+    host = host_target()
     if archs and not archs & set(AVX512_OPENBLAS_CORES) and all(
         host.has(f) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")
     ):

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from bench.kernels import interleaved, ort_options, parse_args
-from compiler.examples import EXAMPLES
+from tilefarm.examples import EXAMPLES
 
 MODELS = ["resnet18", "mobilenetv2", "encoder"]
 MIN_SAMPLE_MS = 100  # whole models run 5-500 ms; one call per sample is enough for the slow ones
@@ -42,9 +42,9 @@ def _stage(stage: str, fn: Callable, *args, **kw):
 
 def _compiler():
     """The pipeline's entry points."""
-    from compiler.build import build
-    from compiler.onnx_frontend import load
-    from compiler.runtime import Artifact
+    from compiler.artifact.build import build
+    from compiler.artifact.runtime import Artifact
+    from compiler.model.onnx_import import load
 
     return load, build, Artifact
 

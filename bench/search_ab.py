@@ -30,14 +30,14 @@ import numpy as np
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
 from bench.timing import best_kernel, best_record, checked, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
-from compiler.annotate import Decisions, RegisterFile, materialize
-from compiler.dag import ComputeDAG
-from compiler.measure_worker import aligned
-from compiler.records import JSONLinesDatabase
-from compiler.search import SearchParams
-from compiler.sketch import generate_sketches
-from compiler.target import Target
-from compiler.tasks import Task
+from compiler.costs.records import JSONLinesDatabase
+from compiler.search.evolution import SearchParams
+from compiler.targets import host_target
+from compiler.targets.cpu.annotate import Decisions, RegisterFile, materialize
+from compiler.targets.cpu.sandbox import aligned
+from compiler.targets.cpu.sketch import generate_sketches
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 
 PROCESSES = 3  # fresh timing processes
 SWITCHES = tuple(f.name for f in dataclasses.fields(SearchParams) if f.type in ("bool", bool))
@@ -46,7 +46,7 @@ SWITCHES = tuple(f.name for f in dataclasses.fields(SearchParams) if f.type in (
 def over_budget(dag: ComputeDAG, path: Path) -> tuple[int, int]:
     """(measured programs of the search whose register block does not fit in this host's registers, its innermost
     tile or with the tile levels auto-unrolling adds (RegisterFile.unrolled_demand), all of them)."""
-    target = Target.host()
+    target = host_target()
     registers = RegisterFile.of(target, dag.op(dag.outputs[0]).dtype)
     sketches = generate_sketches(dag, target)
     over = total = 0

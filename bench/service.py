@@ -4,7 +4,7 @@
 
 Starts the real API (uvicorn in a subprocess on loopback, embedded settings: SQLite and the file-system broker in a
 temporary folder), uploads tiny_cnn, creates a tuning job (it stays queued: no workers unless --workers) and puts a
-ready artifact in place (built here with compiler.build into the service's storage, its row marked ready). Then
+ready artifact in place (built here with compiler.artifact.build into the service's storage, its row marked ready). Then
 `--clients` concurrent clients (one asyncio loop, one connection each) cycle through GET job, GET job progress and
 GET artifact download (every download's sha256 checked) for `--seconds`. Prints requests/s and p50/p99/max
 latency per route, and errors, which must be 0 (the exit status is 1 otherwise). The server runs one uvicorn
@@ -37,8 +37,8 @@ ROUTES = ("job", "progress", "download")
 def _ready_artifact(environ: dict[str, str], artifact_id: int, onnx_path: Path) -> tuple[str, int]:
     """Build the model into the service's storage and mark artifact `artifact_id` ready, as a compile worker would;
     returns its sha256 and size."""
-    from compiler.build import build
-    from compiler.onnx_frontend import load
+    from compiler.artifact.build import build
+    from compiler.model.onnx_import import load
     from server.db import session_scope
     from server.models import ArtifactRow
     from server.settings import Settings
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
 
-    from compiler import examples
+    from tilefarm import examples
 
     with tempfile.TemporaryDirectory(prefix="tilefarm-bench-service-") as tmp:
         root = Path(tmp)

@@ -20,15 +20,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.cost_model import XGBModel
-from compiler.examples import resnet18
-from compiler.measure import LocalBuilder, LocalRunner
-from compiler.onnx_frontend import load
-from compiler.records import CACHE_CONDITIONS, read_record_lines
-from compiler.target import Target
-from compiler.tasks import extract_tasks, weights_timed_cold
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.costs.cost_model import XGBModel
+from compiler.costs.records import CACHE_CONDITIONS, read_record_lines
+from compiler.model.onnx_import import load
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions, weights_timed_cold
+from compiler.targets import host_target
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.tensor.tasks import plan_tasks
 from server.database import SQLDatabase
+from tilefarm.examples import resnet18
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the result rows here")
     args = ap.parse_args(argv)
 
-    tasks, calls, _ = extract_tasks(load(resnet18()))
+    tasks, calls, _ = plan_tasks(load(resnet18()))
     task = tasks[args.task]
-    cold = weights_timed_cold("auto", calls, Target.host().l3_bytes)
+    cold = weights_timed_cold("auto", calls, host_target().l3_bytes)
     others = []
     for r, line in read_record_lines(args.records):
         if args.timed_as and "cache" not in json.loads(line):

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import L3_PROBE, blas_info, fair_openblas_env, interleaved, l3_probe, onnx_session, tuning_workload
-from compiler.measure_worker import aligned
-from compiler.records import JSONLinesDatabase
+from compiler.costs.records import JSONLinesDatabase
+from compiler.targets.cpu.sandbox import aligned
 
 MAX_REL_DIFF = 1e-4
 
@@ -40,9 +40,9 @@ def best_record(dag, records: Path):
 
 def best_kernel(dag, records: Path, name: str):
     """The best record's program of the DAG's workload in a records file, compiled as function `name`."""
-    from compiler.codegen import compile_funcs
-    from compiler.lower import lower
-    from compiler.state import apply_steps, step_from_record
+    from compiler.schedule.lower import lower
+    from compiler.schedule.state import apply_steps, step_from_record
+    from compiler.targets.cpu.codegen import compile_funcs
 
     steps = [step_from_record(s) for s in best_record(dag, records).steps]
     return compile_funcs([lower(apply_steps(dag, steps), name)])[name]
@@ -61,7 +61,7 @@ def checked(what: str, out: np.ndarray, ref: np.ndarray) -> float:
 def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
     from threadpoolctl import threadpool_limits
 
-    from compiler.dag import ComputeDAG
+    from compiler.tensor.dag import ComputeDAG
 
     w = tuning_workload(name)
     dag = ComputeDAG([*w.inputs, w.output])
@@ -81,10 +81,10 @@ def time_kernel(name: str, records: Path, threads: int, repeat: int) -> dict:
 
 def time_resnet18(records: Path, threads: int, repeat: int) -> dict:
     from bench.models import batch1_inputs, difference, ort_session
-    from compiler.build import build
-    from compiler.examples import EXAMPLES
-    from compiler.onnx_frontend import load
-    from compiler.runtime import Artifact
+    from compiler.artifact.build import build
+    from compiler.artifact.runtime import Artifact
+    from compiler.model.onnx_import import load
+    from tilefarm.examples import EXAMPLES
 
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)

@@ -32,20 +32,20 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import blocked_conv
-from compiler import examples
-from compiler.build import target_name
-from compiler.cost_model import XGBModel, pairwise_accuracy
-from compiler.dag import ComputeDAG
-from compiler.measure import LocalBuilder, LocalRunner, MeasureInput
-from compiler.onnx_frontend import load
-from compiler.records import JSONLinesDatabase, TuningRecord, read_records
-from compiler.search import SearchParams
-from compiler.state import step_from_record
-from compiler.target import Target
-from compiler.tasks import Task, extract_tasks
-from compiler.transfer import ModelCache, TrainingSet, default_cache_dir, featurize_records, pretrain
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.costs.cost_model import XGBModel, pairwise_accuracy
+from compiler.costs.measure import MeasureInput
+from compiler.costs.records import JSONLinesDatabase, TuningRecord, read_records, target_name
+from compiler.model.onnx_import import load
+from compiler.schedule.state import step_from_record
+from compiler.search.evolution import SearchParams
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions
+from compiler.search.transfer import ModelCache, TrainingSet, default_cache_dir, featurize_records, pretrain
+from compiler.targets import host_target
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task, plan_tasks
 from server.database import SQLDatabase
+from tilefarm import examples
 
 SOURCE_MODELS = ("resnet18", "mobilenetv2")
 LOCAL = 64  # a workload's own records the held-out comparison trains on
@@ -60,17 +60,17 @@ def target_task() -> Task:
 
 
 def source_tasks() -> list[Task]:
-    return [t for name in SOURCE_MODELS for t in extract_tasks(load(getattr(examples, name)()))[0]]
+    return [t for name in SOURCE_MODELS for t in plan_tasks(load(getattr(examples, name)()))[0]]
 
 
 def build_source(db: SQLDatabase, tasks: list[Task], trials: int, threads: int, seed: int) -> None:
     """Describe the source workloads (their DAGs) and, when the database has no record of this host, tune them."""
     db.describe_workloads(tasks)
-    host = Target.host().fingerprint()
+    host = host_target().fingerprint()
     if db.count_records(host):
         return
     for name in SOURCE_MODELS:
-        tasks_of = extract_tasks(load(getattr(examples, name)()))[0]
+        tasks_of = plan_tasks(load(getattr(examples, name)()))[0]
         print(f"source: tuning {name} ({len(tasks_of)} tasks, {trials} trials) into {db}", flush=True)
         with LocalBuilder() as builder, LocalRunner(repeat=1, threads=threads) as runner:
             TaskScheduler(tasks_of, db, TuneOptions(trials=trials, seed=seed), builder=builder, runner=runner).run()
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reuse-runs", action="store_true", help="take runs whose records are in --records-dir as done")
     args = ap.parse_args(argv)
 
-    target = Target.host()
+    target = host_target()
     task = target_task()
     url = args.database or f"sqlite:///{default_cache_dir() / 'bench-transfer.db'}"
     rows: list[dict] = []

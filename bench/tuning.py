@@ -25,17 +25,17 @@ import numpy as np
 
 from bench.kernels import ALTERNATIVE_WORKLOADS, L3_PROBE_BYTES, TUNING_WORKLOADS, Workload
 from bench.timing import in_fresh_process
-from compiler.cost_model import XGBModel, pairwise_accuracy
-from compiler.dag import ComputeDAG
-from compiler.features import extract
-from compiler.measure import LocalBuilder, LocalRunner
-from compiler.passes import describe_forms
-from compiler.records import JSONLinesDatabase, TuningRecord
-from compiler.search import SearchParams
-from compiler.state import apply_steps, step_from_record
-from compiler.target import Target
-from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES, FormChoice, Task, constant_bytes, weights_timed_cold
-from compiler.tune import TaskScheduler, TuneOptions, replay_input
+from compiler.costs.cost_model import XGBModel, pairwise_accuracy
+from compiler.costs.features import extract
+from compiler.costs.records import JSONLinesDatabase, TuningRecord
+from compiler.model.passes import describe_forms
+from compiler.schedule.state import apply_steps, step_from_record
+from compiler.search.evolution import SearchParams
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions, replay_input, weights_timed_cold
+from compiler.targets import host_target
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import CONV_FORM_MODES, WEIGHT_MODES, FormChoice, Task, constant_bytes
 
 HELD_OUT_AFTER = 512
 
@@ -248,9 +248,9 @@ def _tvm(workload: str, threads: int, trials: int, rows: list[dict]) -> None:
 
 def run_resnet18(threads: int, args, rows: list[dict]) -> None:
     from bench.models import batch1_inputs
-    from compiler.examples import EXAMPLES
-    from compiler.onnx_frontend import load
-    from compiler.tasks import FORM_MARGIN, tuning_plan
+    from compiler.model.onnx_import import load
+    from compiler.tensor.tasks import FORM_MARGIN, tuning_plan
+    from tilefarm.examples import EXAMPLES
 
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
@@ -263,7 +263,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
             f"(compile takes the other form where it is faster by more than {FORM_MARGIN:.0%})"
         )
     flush = args.model_cache_flush
-    cold = weights_timed_cold(args.model_weights, plan.calls, Target.host().l3_bytes)
+    cold = weights_timed_cold(args.model_weights, plan.calls, host_target().l3_bytes)
     print(f"    weights {constant_bytes(plan.calls) / 2**20:.1f} MiB, timed {'cold' if cold else 'warm'}")
     sched, prior_s = _tune(
         plan.all_tasks,

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import interleaved, ort_options
-from compiler.build import build
-from compiler.examples import resnet18
-from compiler.onnx_frontend import load
-from compiler.records import JSONLinesDatabase
-from compiler.runtime import Artifact
+from compiler.artifact.build import build
+from compiler.artifact.runtime import Artifact
+from compiler.costs.records import JSONLinesDatabase
+from compiler.model.onnx_import import load
+from tilefarm.examples import resnet18
 
 
 def _build(model, shape: dict, path: Path, winograd: bool, records) -> Artifact:

@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from compiler.errors import TilefarmError
-from compiler.records import VERSION
+from compiler.base.errors import TilefarmError
+from compiler.costs.records import VERSION
 from server import accounts, dashboard
 from server.db import engine_for, session_scope
 from server.routes import ROUTERS

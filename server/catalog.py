@@ -16,13 +16,14 @@ from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from compiler import dag_json
-from compiler.build import cache_preference, target_name
-from compiler.dag import ComputeDAG
-from compiler.onnx_frontend import load, parse_input_shapes
-from compiler.target import Target
-from compiler.tasks import Task, constant_bytes, tuning_plan
-from compiler.tune import TRIALS_PER_TASK, coverage
+from compiler.base.target import Target
+from compiler.costs.records import cache_preference, target_name
+from compiler.model.onnx_import import load, parse_input_shapes
+from compiler.search.task_scheduler import TRIALS_PER_TASK, coverage
+from compiler.targets import host_target as this_host_target
+from compiler.tensor import dag_json
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task, constant_bytes, tuning_plan
 from server import storage
 from server.database import SQLDatabase, this_host
 from server.db import session_scope
@@ -81,7 +82,7 @@ def host_target(session: Session, settings: Settings, fingerprint: str) -> Targe
         if target is not None and target.fingerprint() == fingerprint:
             return target
     if fingerprint == this_host():
-        return Target.host()
+        return this_host_target()
     host = session.scalar(select(Host).where(Host.fingerprint == fingerprint))
     if host is not None and host.mcpu:
         target = Target(
@@ -250,7 +251,7 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
 def coverage_view(
     session: Session, settings: Settings, tasks: list[Task], fingerprint: str, weights_bytes: int | None = None
 ) -> CoverageOut:
-    """What the records hold for each task on one host class, and the trials still needed (compiler.tune.coverage);
+    """What the records hold for each task on one host class, and the trials still needed (task_scheduler.coverage);
     the best record of each task is the one compile applies for a model of `weights_bytes` of constants."""
     target = host_target(session, settings, fingerprint)
     prefer = cache_preference(weights_bytes or 0, target)

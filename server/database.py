@@ -15,11 +15,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 
-from compiler import dag_json
-from compiler.dag import ComputeDAG
-from compiler.errors import TilefarmError
-from compiler.records import VERSION, TuningRecord, merge_measurement, read_record_lines
-from compiler.target import Target
+from compiler.base.errors import TilefarmError
+from compiler.costs.records import VERSION, TuningRecord, merge_measurement, read_record_lines
+from compiler.targets import host_target
+from compiler.tensor import dag_json
+from compiler.tensor.dag import ComputeDAG
 from server.migrate import current_revision, head_revision, upgrade
 from server.models import Host, Record, TargetRow, Workload
 from server.settings import Settings
@@ -107,7 +107,7 @@ def _known_host_details(details: dict[str, Any]) -> dict[str, Any]:
 
 
 def this_host() -> str:
-    return Target.host().fingerprint()
+    return host_target().fingerprint()
 
 
 class SQLDatabase:
@@ -192,7 +192,7 @@ class SQLDatabase:
         """What is known about a host: everything for this machine, only the fingerprint for others."""
         if fingerprint != this_host():
             return {}
-        t = Target.host()
+        t = host_target()
         return {
             "kind": t.kind,
             "cpu_model": t.cpu_model,
@@ -242,7 +242,7 @@ class SQLDatabase:
         return self._write([(record, None, {"created_by": self.created_by, "job_id": self.job_id})]) == 1
 
     def remeasured(self, record: TuningRecord) -> bool:
-        """The stored record with this one's identity takes its measurement too (compiler.records.merge_measurement;
+        """The stored record with this one's identity takes its measurement too (costs.records.merge_measurement;
         a new best confirmed by a second timing); False if none is stored. The row is read and written in one
         transaction holding its lock, so two measurements of one program never lose each other's timings."""
         q = (
@@ -300,7 +300,7 @@ class SQLDatabase:
         return self._write(items())
 
     def describe_workloads(self, tasks: Iterable) -> None:
-        """Fill in what a workload is (canonical DAG text, op tag, FLOPs, shapes) from compiler.tasks.Task objects."""
+        """Fill in what a workload is (canonical DAG text, op tag, FLOPs, shapes) from tensor.tasks.Task objects."""
         rows = [
             {
                 "key": t.key,
@@ -403,7 +403,7 @@ class SQLDatabase:
 
     def training_records(self, host: str | None = None, after: int = 0) -> Iterator[tuple[int, TuningRecord]]:
         """(id, record) in commit order of the records measured on `host` (every host when None) whose id is above
-        `after`: a reader that keeps the last id it saw reads only what arrived since (compiler.transfer)."""
+        `after`: a reader that keeps the last id it saw reads only what arrived since (compiler.search.transfer)."""
         last = after
         while True:
             q = self._select().where(Record.id > last)

@@ -23,8 +23,8 @@ from server.schemas import (
     RecordOrder,
 )
 
-# The one place stored error codes (compiler.measure's, and "timeout"/"crash" from older or imported records) are
-# grouped for the breakdown. Any other code (compiler.measure.UNKNOWN: a lost batch, a reference that failed, a
+# The one place stored error codes (compiler.costs.measure's, and "timeout"/"crash" from older or imported records) are
+# grouped for the breakdown. Any other code (compiler.costs.measure.UNKNOWN: a lost batch, a reference that failed, a
 # worker of the wrong host class) counts as "run": something went wrong running the measurement.
 ERROR_GROUPS: dict[ErrorGroup, tuple[str, ...]] = {
     "build": ("build", "instantiation"),  # lowering, codegen or linking failed, or the steps do not replay

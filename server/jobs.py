@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from compiler.build import target_name
+from compiler.costs.records import target_name
 from server import catalog
 from server.db import session_scope
 from server.models import ArtifactRow, Job, JobPoint, ModelTask, UploadedModel, Workload

@@ -48,7 +48,7 @@ class Workload(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
     dag_text: Mapped[str | None] = mapped_column(Text)  # ComputeDAG.canonical_text
-    dag_json: Mapped[str | None] = mapped_column(Text)  # the whole DAG (compiler.dag_json): what training needs
+    dag_json: Mapped[str | None] = mapped_column(Text)  # the whole DAG (compiler.tensor.dag_json): what training needs
     op_tag: Mapped[str | None] = mapped_column(String(128))  # what the task is called, e.g. "conv2d_add_relu"
     flops: Mapped[int | None] = mapped_column(BigInteger)
     shapes: Mapped[Any | None] = mapped_column(JSON)  # {"T0": [1, 64, 56, 56], ...}: every stage's shape
@@ -59,7 +59,7 @@ class Host(Base):
 
     __tablename__ = "hosts"
     id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)  # compiler.target.Target.fingerprint()
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)  # compiler.base.target.Target.fingerprint()
     kind: Mapped[str | None] = mapped_column(String(16))  # cpu, gpu, npu
     cpu_model: Mapped[str | None] = mapped_column(String(255))
     mcpu: Mapped[str | None] = mapped_column(String(64))  # LLVM's CPU name, e.g. znver4
@@ -83,7 +83,7 @@ class TargetRow(Base):
 
 
 class Record(Base):
-    """One measured schedule: compiler.records.TuningRecord, with its workload, target and host as rows."""
+    """One measured schedule: compiler.costs.records.TuningRecord, with its workload, target and host as rows."""
 
     __tablename__ = "tuning_records"
     __table_args__ = (
@@ -103,7 +103,7 @@ class Record(Base):
     steps_hash: Mapped[str] = mapped_column(String(64))  # sha256 of `steps`
     costs: Mapped[list[float]] = mapped_column(JSON)  # seconds per run, one per repeat
     mean_cost: Mapped[float | None] = mapped_column(Float)  # NULL for a failed measurement
-    # the cache condition it was timed in: "warm", "cold-weights" or "flushed" (compiler.records.CACHE_CONDITIONS)
+    # the cache condition it was timed in: "warm", "cold-weights" or "flushed" (compiler.costs.records.CACHE_CONDITIONS)
     cache: Mapped[str] = mapped_column(String(16), default="warm", server_default="warm")
     error: Mapped[str | None] = mapped_column(String(32))  # "build", "run", "timeout", "wrong_answer"
     error_message: Mapped[str] = mapped_column(Text, default="")
@@ -152,7 +152,7 @@ class UploadedModel(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(Text)  # in the service's storage folder, shared with the workers
     input_shapes: Mapped[Any | None] = mapped_column(JSON)  # {"input": [1, 3, 224, 224]}
-    # bytes of the constants its kernels read (compiler.tasks.constant_bytes): whether a run meets its weights cold
+    # bytes of the constants its kernels read (tensor.tasks.constant_bytes): whether a run meets its weights cold
     # on a host (NULL: registered before it was counted; taken as fitting the cache)
     weights_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _created_at()
@@ -244,7 +244,7 @@ class WorkerRow(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)  # Celery's node name, e.g. measure@host
     kind: Mapped[str] = mapped_column(String(16))  # cpu, gpu, npu; "search" for a search-only worker
     fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
-    target: Mapped[Any | None] = mapped_column(JSON)  # compiler.target.Target's fields
+    target: Mapped[Any | None] = mapped_column(JSON)  # compiler.base.target.Target's fields
     queues: Mapped[Any] = mapped_column(JSON)
     pid: Mapped[int | None] = mapped_column(Integer)
     hostname: Mapped[str | None] = mapped_column(String(255))

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from compiler.errors import TilefarmError
+from compiler.base.errors import TilefarmError
 
 
 def as_utc(value: datetime) -> datetime:

@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from compiler.errors import TilefarmError
-from compiler.loopir import print_func
-from compiler.lower import lower
-from compiler.state import apply_steps, step_from_record
+from compiler.base.errors import TilefarmError
+from compiler.schedule.loopir import print_func
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps, step_from_record
 from server.catalog import TARGET_ALIASES, is_alive, workload_dag
 from server.models import Host, ModelTask, Record, TargetRow, UploadedModel, WorkerRow, Workload
 from server.schemas import (

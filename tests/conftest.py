@@ -22,7 +22,7 @@ PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 
 @pytest.fixture(autouse=True)
 def _cache_home(tmp_path_factory, monkeypatch):
-    """Pre-trained cost models (compiler.transfer) are cached under $XDG_CACHE_HOME: the tests' go to their temporary
+    """Pre-trained cost models (search.transfer) are cached under $XDG_CACHE_HOME: the tests' go to their temporary
     directory, never to the user's ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 
@@ -60,7 +60,7 @@ def service_environ(root) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def tiny_cnn(tmp_path_factory) -> bytes:
     """The tiny_cnn example model's ONNX bytes."""
-    from compiler import examples
+    from tilefarm import examples
 
     path = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
     examples.save("tiny_cnn", path)

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compiler.errors import UnsupportedOp
-from compiler.onnx_frontend import ONNX_OPS, PARAM_INPUTS, load
+from compiler.base.errors import UnsupportedOp
+from compiler.model.onnx_import import ONNX_OPS, PARAM_INPUTS, load
 
 KINDS = ("node", "pytorch-converted", "pytorch-operator")
 

@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 from sqlalchemy import insert, select
 
-from compiler import ops, te
-from compiler.build import target_name
-from compiler.dag import ComputeDAG
-from compiler.records import VERSION
-from compiler.target import Target
-from compiler.tasks import Task
+from compiler.base.target import Target
+from compiler.costs.records import VERSION, target_name
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 from server.catalog import records_db
 from server.database import steps_hash, steps_json
 from server.db import session_scope

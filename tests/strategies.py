@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from compiler.dag import ComputeDAG
-from compiler.errors import IllegalStep
-from compiler.state import (
+from compiler.base.errors import IllegalStep
+from compiler.schedule.state import (
     ANNOTATIONS,
     Annotate,
     CacheRead,
@@ -23,6 +22,7 @@ from compiler.state import (
     apply_steps,
     initial_state,
 )
+from compiler.tensor.dag import ComputeDAG
 
 KINDS = (
     "split",

@@ -18,10 +18,11 @@ from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
 from sqlalchemy import delete, func, select
 
-from compiler.build import build, target_name
-from compiler.onnx_frontend import load
-from compiler.records import VERSION, TuningRecord
-from compiler.target import Target
+from compiler.artifact.build import build
+from compiler.base.target import Target
+from compiler.costs.records import VERSION, TuningRecord, target_name
+from compiler.model.onnx_import import load
+from compiler.targets import host_target
 from server import accounts
 from server.app import create_app
 from server.db import session_scope
@@ -155,7 +156,7 @@ def test_upload_model_tasks_coverage_and_dedupe(client, settings, tiny_cnn, mode
     tasks = model["tasks"]
     assert [t["position"] for t in tasks] == list(range(len(tasks))) and tasks[0]["name"] == "fused_conv_relu"
     assert tasks[0]["flops"] > 0 and all(len(t["workload_key"]) == 32 for t in tasks)
-    host = Target.host()
+    host = host_target()
     cover = model["coverage"]
     assert cover["host"] == host.fingerprint() and cover["target"] == target_name(host)
     assert cover["tuned_tasks"] == 0 and cover["trials_needed"] == 800 * len(tasks)
@@ -175,7 +176,7 @@ def test_upload_model_tasks_coverage_and_dedupe(client, settings, tiny_cnn, mode
 def test_a_models_tasks_end_with_its_convs_other_forms_at_weight_0(client, settings):
     """As `tilefarm tune` does, a job tunes each conv's other form too (compile takes the faster): the model's task
     positions are the plan's tasks, then those forms; rows stored before they were listed are rewritten by the job."""
-    from compiler.tasks import tuning_plan
+    from compiler.tensor.tasks import tuning_plan
     from server.models import ModelTask
     from tests.test_conv_forms import two_stage_model
     from workers.progress import ensure_model_tasks
@@ -205,7 +206,7 @@ def test_a_models_tasks_end_with_its_convs_other_forms_at_weight_0(client, setti
 
 
 def test_coverage_counts_the_records_of_the_host(client, model):
-    host = Target.host()
+    host = host_target()
     key = model["tasks"][0]["workload_key"]
     record = TuningRecord(key, target_name(host), host.fingerprint(), (), (1e-3, 3e-3), timestamp=1.0)
     assert client.post(f"{API}/records/import", content=record.to_json() + "\n").json() == {"added": 1}
@@ -223,7 +224,7 @@ def test_coverage_counts_the_records_of_the_host(client, model):
 def test_coverage_shows_the_record_compile_would_apply(client, settings, model):
     """Of one schedule timed warm and with cold weights, the best latency is the warm one for a model whose weights
     fit the last-level cache (tiny_cnn: counted at upload), and the cold one for a model whose weights do not."""
-    host = Target.host()
+    host = host_target()
     key = model["tasks"][0]["workload_key"]
     warm = TuningRecord(key, target_name(host), host.fingerprint(), (), (1e-3,), timestamp=1.0)
     cold = dataclasses.replace(warm, costs=(4e-3,), cache="cold-weights")
@@ -277,7 +278,7 @@ def test_job_create_cancel_resume(client, settings, model):
     r = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 50, "per_round": 8})
     assert r.status_code == 201, r.text
     job = r.json()
-    host = Target.host().fingerprint()
+    host = host_target().fingerprint()
     assert job["state"] == "queued" and job["attempt"] == 1 and job["host"] == host
     assert job["model_name"] == "tiny_cnn" and job["trials"] == 50 and job["per_round"] == 8
     assert [t["name"] for t in job["tasks"]] == [t["name"] for t in model["tasks"]]
@@ -357,7 +358,7 @@ def test_compile_and_download(client, settings, model):
     r = client.post(f"{API}/models/{model['id']}/compile", json={})
     assert r.status_code == 202, r.text
     artifact = r.json()
-    host = Target.host().fingerprint()
+    host = host_target().fingerprint()
     assert artifact["state"] == "queued" and artifact["host"] == host and artifact["model_name"] == "tiny_cnn"
     assert broker_messages(settings, f"measure.cpu.{host}") == [
         {"task": "tilefarm.compile_artifact", "args": [artifact["id"]]}

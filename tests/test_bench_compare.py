@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.compare import main, time_once
-from compiler.build import compile_model
-from compiler.examples import EXAMPLES
+from compiler.artifact.build import compile_model
+from tilefarm.examples import EXAMPLES
 
 
 def test_two_artifacts_are_timed_next_to_onnxruntime_and_checked(tmp_path):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from bench.tuning import held_out_accuracy
-from compiler.measure import LocalBuilder, LocalRunner
-from compiler.records import JSONLinesDatabase
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.costs.records import JSONLinesDatabase
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 from tests.test_tune import PARAMS, TASK
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, to_nchwc, tuning_workload
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.lower import lower
-from compiler.ops.kernels import reference_conv2d
+from compiler.schedule.lower import lower
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.kernels import reference_conv2d
 
 CONVS = [w for w in TUNING_WORKLOADS + ALTERNATIVE_WORKLOADS if w.name.startswith("conv2d_")]
 

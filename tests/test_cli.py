@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from compiler.records import read_records
+from compiler.costs.records import read_records
 from tilefarm.cli import main
 
 

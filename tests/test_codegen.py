@@ -6,12 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from compiler import codegen
-from compiler.codegen.lanes import vectorizable
-from compiler.errors import BuildError
-from compiler.loopir import Allocate, Buffer, For, Func, IfThenElse, Store, seq
-from compiler.target import Target
-from compiler.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
+from compiler.base.errors import BuildError
+from compiler.base.target import Target
+from compiler.schedule.loopir import Allocate, Buffer, For, Func, IfThenElse, Store, seq
+from compiler.targets import host_target
+from compiler.targets.cpu import codegen
+from compiler.targets.cpu.codegen.lanes import vectorizable
+from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 RNG = np.random.default_rng(0)
 INTS = ("int8", "uint8", "int32", "int64")
@@ -208,7 +209,7 @@ def test_vector_math_calls_libmvec_one_register_at_a_time():
     X = Buffer("X", "float32", (40,))
     f = Func("vexp", (X,), For(i, 40, "vectorized", Store("X", i, Unary("exp", ld(X, i)))))
     text = codegen.llvm_ir([f], optimized=False)
-    if codegen._libmvec() and Target.host().vector_bytes == 64:
+    if codegen._libmvec() and host_target().vector_bytes == 64:
         assert text.count("call <16 x float> @\"_ZGVeN16v_expf\"") == 3  # 40 lanes: 16 + 16 + 8 (padded)
 
 
@@ -552,7 +553,7 @@ def test_gemm_register_block_is_correct_fast_to_compile_and_uses_fma():
     a, b, cc = data("float32", (n, n), -1, 1), data("float32", (n, n), -1, 1), np.zeros((n, n), np.float32)
     kernels["gemm"](a, b, cc)
     np.testing.assert_allclose(cc, a @ b, rtol=1e-4, atol=1e-4)
-    if Target.host().has("avx512f"):
+    if host_target().has("avx512f"):
         asm = codegen.assembly([f])
         assert "vfmadd231ps\t%zmm" in asm
 
@@ -617,9 +618,9 @@ def test_unknown_buffer_is_a_build_error():
 
 
 def test_host_target_and_fingerprint():
-    t = Target.host()
+    t = host_target()
     assert t.kind == "cpu" and t.cores >= 1 and t.mcpu
-    assert t.fingerprint() == Target.host().fingerprint() and len(t.fingerprint()) == 16
+    assert t.fingerprint() == host_target().fingerprint() and len(t.fingerprint()) == 16
     assert t.fingerprint() != Target(**{**t.__dict__, "cores": t.cores + 1}).fingerprint()
 
 

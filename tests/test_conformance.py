@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx_cases import KINDS, as_array, case_data, case_model, conformance_cases, is_supported, load_case
 
-from compiler.build import run_in_process
+from compiler.artifact.build import run_in_process
 
 # test name (a glob, matched case-insensitively) → why tilefarm does not pass it
 UNSUPPORTED: dict[str, str] = {

@@ -11,15 +11,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build, choose_forms, run_in_process, target_name
-from compiler.default_schedule import default_schedule
-from compiler.onnx_frontend import load
-from compiler.passes import CONV_BLOCK, DIRECT, conv_forms, form_alternatives, optimize
-from compiler.records import WARM, JSONLinesDatabase, TuningRecord
-from compiler.runtime import Artifact
-from compiler.target import Target
-from compiler.tasks import chosen_form, extract_tasks, form_choices, tuning_plan
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.artifact.build import build, choose_forms, run_in_process
+from compiler.artifact.runtime import Artifact
+from compiler.costs.records import WARM, JSONLinesDatabase, TuningRecord, target_name
+from compiler.model.onnx_import import load
+from compiler.model.optimize import form_alternatives, optimize
+from compiler.model.passes import CONV_BLOCK, DIRECT, conv_forms
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions
+from compiler.targets import host_target
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor.tasks import chosen_form, form_choices, plan_tasks, tuning_plan
 
 B = CONV_BLOCK
 
@@ -81,7 +82,7 @@ def test_a_conv_whose_form_would_move_its_neighbours_offers_no_choice():
     del model.graph.node[-1]
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("sr", TensorProto.FLOAT, [1, B, 8, 8]))
     graph = load(model)
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     assert "small" in form_alternatives(graph)
     assert [c.node for c in form_choices(graph, tasks, calls)[1]] == ["big"]
 
@@ -97,7 +98,7 @@ def test_a_conv_whose_name_is_not_unique_keeps_the_rule():
 
 def test_form_choices_name_both_tasks_and_the_plan_calls_the_others_zero_times():
     graph = load(two_stage_model())
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     extra, choices = form_choices(graph, tasks, calls)
     assert [(c.node, c.forms) for c in choices] == [("big", (4, DIRECT)), ("small", (DIRECT, 2))]
     keys = {t.key for t in tasks}
@@ -111,7 +112,7 @@ def test_form_choices_name_both_tasks_and_the_plan_calls_the_others_zero_times()
 
 def test_tuning_plan_lists_the_plans_tasks_then_the_other_forms():
     graph = load(two_stage_model())
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     extra, choices = form_choices(graph, tasks, calls)
     plan = tuning_plan(graph)
     assert [t.key for t in plan.all_tasks] == [t.key for t in [*tasks, *extra]] and len(plan.calls) == len(calls)
@@ -125,7 +126,7 @@ def test_tuning_plan_lists_the_plans_tasks_then_the_other_forms():
 
 def _scheduler(tmp_path):
     graph = load(two_stage_model())
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     extra, choices = form_choices(graph, tasks, calls)
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     sched = TaskScheduler([*tasks, *extra], db, TuneOptions(trials=1), choices=choices)
@@ -168,7 +169,7 @@ def test_the_objective_counts_a_conv_once_at_its_faster_form(tmp_path):
 
 
 def _record(task, cost: float) -> TuningRecord:
-    here = Target.host()
+    here = host_target()
     steps = tuple(s.record() for s in default_schedule(task.dag).steps)
     return TuningRecord(task.key, target_name(here), here.fingerprint(), steps, (cost,), cache=WARM)
 
@@ -177,12 +178,12 @@ def test_compile_takes_the_form_whose_record_is_faster_and_computes_the_model(tm
     # the two departures between them compile every form: F(4x4) and F(2x2), and both convs direct
     model = two_stage_model(2)
     graph = load(model)
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     _, choices = form_choices(graph, tasks, calls)
     big, small = choices
     x = np.random.default_rng(2).standard_normal((1, B, 16, 16)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    here = Target.host()
+    here = host_target()
     cases = [
         # (rule form's cost, other form's cost) per conv -> the forms compile departs to
         ([(1e-3, 2e-3), (1e-3, 5e-4)], {"small": 2}),
@@ -208,27 +209,27 @@ def test_compile_takes_the_form_whose_record_is_faster_and_computes_the_model(tm
 
 def test_a_tie_between_forms_keeps_the_rules(tmp_path):
     graph = load(two_stage_model(2))
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     big, small = form_choices(graph, tasks, calls)[1]
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     # the other form 1% faster for one conv, 5% for the other: only the second is past FORM_MARGIN
     for c, (rule, other) in zip((big, small), [(1e-3, 0.99e-3), (1e-3, 0.95e-3)]):
         db.commit(_record(c.tasks[0], rule))
         db.commit(_record(c.tasks[1], other))
-    assert choose_forms(graph, tasks, calls, db, Target.host()) == {"small": 2}
+    assert choose_forms(graph, tasks, calls, db, host_target()) == {"small": 2}
     assert [chosen_form(c) for c in ([1.0, 0.98], [1.0, 0.9], [math.inf, 1.0], [1.0, math.inf], [math.inf] * 2)] == [
         0, 1, 1, 0, 0
     ]  # fmt: skip
 
 
 def test_tilefarm_tune_measures_both_forms_and_compile_uses_them(tmp_path, capsys):
-    from compiler.records import read_records
+    from compiler.costs.records import read_records
     from tilefarm.cli import main
 
     path, records = tmp_path / "m.onnx", tmp_path / "r.jsonl"
     onnx.save(two_stage_model(3), path)
     graph = load(onnx.load(path))
-    tasks, calls, _ = extract_tasks(graph)
+    tasks, calls, _ = plan_tasks(graph)
     extra, _ = form_choices(graph, tasks, calls)
     tune = ["tune", str(path), "--records", str(records), "--per-round", "2", "--population", "16", "--threads", "1"]
     # every task's first round is 2 programs: the model's 4 tasks, then the 2 convs' other forms

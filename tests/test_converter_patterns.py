@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build
-from compiler.onnx_frontend import load
-from compiler.runtime import Artifact
+from compiler.artifact.build import build
+from compiler.artifact.runtime import Artifact
+from compiler.model.onnx_import import load
 
 
 def const(name: str, array: np.ndarray) -> onnx.NodeProto:

@@ -9,14 +9,22 @@ import time
 import numpy as np
 import pytest
 
-from compiler import cost_model, te
-from compiler.codegen import compile_funcs
-from compiler.cost_model import RandomModel, XGBModel, _pairs, _pairwise_loss, normalized_throughput, pairwise_accuracy
-from compiler.dag import ComputeDAG
-from compiler.features import N_FEATURES, extract
-from compiler.lower import lower
-from compiler.ops.linalg import matmul
-from compiler.state import State, initial_state
+from compiler.costs import cost_model
+from compiler.costs.cost_model import (
+    RandomModel,
+    XGBModel,
+    _pairs,
+    _pairwise_loss,
+    normalized_throughput,
+    pairwise_accuracy,
+)
+from compiler.costs.features import N_FEATURES, extract
+from compiler.schedule.lower import lower
+from compiler.schedule.state import State, initial_state
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.linalg import matmul
 
 
 def synthetic(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import ops, te
-from compiler.dag import ComputeDAG
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,8 +120,8 @@ def test_key_is_a_hex_digest_of_fixed_length():
 
 
 KEY_SCRIPT = """
-from compiler import ops, te
-from compiler.dag import ComputeDAG
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 d = te.placeholder((1, 8, 12, 12), name="data")
 w = te.placeholder((12, 8, 3, 3), name="weight")
 b = te.placeholder((12,), name="bias")

@@ -104,7 +104,7 @@ def settings(service):
 
 @pytest.fixture(scope="module")
 def tiny_cnn(tmp_path_factory) -> Path:
-    from compiler import examples
+    from tilefarm import examples
 
     path = tmp_path_factory.mktemp("model") / "tiny_cnn.onnx"
     examples.save("tiny_cnn", path)

@@ -14,14 +14,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 
-from compiler.annotate import InvalidProgram, materialize, sample
-from compiler.build import target_name
-from compiler.loopir import print_func
-from compiler.lower import lower
-from compiler.records import TuningRecord
-from compiler.sketch import generate_sketches
-from compiler.state import apply_steps, step_from_record
-from compiler.target import Target
+from compiler.base.errors import InvalidProgram
+from compiler.base.target import Target
+from compiler.costs.records import TuningRecord, target_name
+from compiler.schedule.loopir import print_func
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps, step_from_record
+from compiler.targets import host_target
+from compiler.targets.cpu.annotate import materialize, sample
+from compiler.targets.cpu.sketch import generate_sketches
 from server import accounts
 from server.app import create_app
 from server.database import SQLDatabase
@@ -327,7 +328,7 @@ def client(settings):
 def searched_steps(dag, seed: int = 0) -> list:
     """The steps of a program as the search makes one: a sketch of the DAG with sampled annotations."""
     rng = np.random.default_rng(seed)
-    sketches = generate_sketches(dag, Target.host())
+    sketches = generate_sketches(dag, host_target())
     while True:
         sketch = sketches[int(rng.integers(len(sketches)))]
         try:
@@ -346,7 +347,7 @@ def test_schedule_of_a_searched_program_and_of_records_that_do_not_replay(client
     with session_scope(settings, write=False) as s:
         dag = workload_dag(conv["workload_key"], s.scalars(select(Workload.dag_json).where(
             Workload.key == conv["workload_key"])).one())  # fmt: skip
-    here = Target.host()
+    here = host_target()
     steps = searched_steps(dag)
 
     def line(key: str, steps: list, cost: float) -> str:

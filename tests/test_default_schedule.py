@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler import ops, te
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.lower import lower
+from compiler.schedule.lower import lower
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 
 def run(dag: ComputeDAG, state, arrays):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler import dtypes, te
-from compiler.dag import ComputeDAG
-from compiler.errors import InvalidExpr, TilefarmError, UnsupportedDType
+from compiler.base import dtypes
+from compiler.base.errors import InvalidExpr, TilefarmError, UnsupportedDType
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG
 
 X = te.placeholder((4, 5), name="x")
 K = te.reduce_axis(5, "k")

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from compiler.examples import EXAMPLES, save
+from tilefarm.examples import EXAMPLES, save
 
 # name -> (input name, input shape at batch 2, output shape at batch 2)
 EXPECTED = {

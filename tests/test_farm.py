@@ -116,7 +116,7 @@ def _ok(response, status: int = 200) -> dict:
 
 
 def test_a_farm_tunes_through_rest_and_survives_a_killed_worker(farm, tmp_path, pg_url):
-    from compiler.examples import save
+    from tilefarm.examples import save
 
     client, procs = farm
     def both_alive() -> bool:  # each worker registers on its own clock: wait for both, not for the first
@@ -202,7 +202,7 @@ def _assert_no_duplicates(url: str) -> None:
 
 def _assert_matches_onnxruntime(tar: Path, model_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
-    from compiler.runtime import Artifact
+    from compiler.artifact.runtime import Artifact
 
     art = Artifact.load(tar)
     rng = np.random.default_rng(0)

@@ -8,14 +8,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler import hand_schedules, te
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.features import FEATURE_NAMES, N_FEATURES, FeatureCache, extract, extract_func
-from compiler.lower import lower
-from compiler.ops import KERNELS
-from compiler.ops.linalg import matmul
-from compiler.state import apply_steps, initial_state
+from compiler.costs.features import FEATURE_NAMES, N_FEATURES, FeatureCache, extract, extract_func
+from compiler.schedule import hand_schedules
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps, initial_state
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops import KERNELS
+from compiler.tensor.ops.linalg import matmul
 from tests.strategies import legal_steps
 
 DAGS = {name: ComputeDAG(sum(case.build(), [])) for name, case in KERNELS.items()}

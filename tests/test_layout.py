@@ -8,16 +8,18 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import ops, te
-from compiler.annotate import materialize, sample
-from compiler.build import run_in_process
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.lower import lower
-from compiler.onnx_frontend import load
-from compiler.passes import CONV_BLOCK, fuse, optimize
-from compiler.sketch import generate_sketches
-from compiler.target import Target
+from compiler.artifact.build import run_in_process
+from compiler.model.fusion import fuse
+from compiler.model.onnx_import import load
+from compiler.model.optimize import optimize
+from compiler.model.passes import CONV_BLOCK
+from compiler.schedule.lower import lower
+from compiler.targets import host_target
+from compiler.targets.cpu.annotate import materialize, sample
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.sketch import generate_sketches
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 B = CONV_BLOCK
 
@@ -148,7 +150,7 @@ def test_an_nchwc_max_pool_reduces_outside_its_vector_lanes(seed):
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "layout": "NCHWc"}
     pool = ops.OPS["MaxPool"]([x], attrs, "pool")[0]
     dag = ComputeDAG([x, pool])
-    (sk,) = generate_sketches(dag, Target.host())
+    (sk,) = generate_sketches(dag, host_target())
     assert sk.rules == ("lanes(pool)",)  # the padded copy is Select: annotation places it (Ansor)
     iters = sk.state.stage("pool").iters
     assert [it.kind for it in iters][-3:] == ["reduce", "reduce", "spatial"]
@@ -166,16 +168,16 @@ def test_an_nchwc_max_pool_reduces_outside_its_vector_lanes(seed):
 def test_an_nchw_pool_keeps_ansors_rules():
     x = te.placeholder((1, 4, 9, 9), name="x")
     pool = ops.OPS["MaxPool"]([x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, "pool")[0]
-    rules = [s.rules for s in generate_sketches(ComputeDAG([x, pool]), Target.host())]
+    rules = [s.rules for s in generate_sketches(ComputeDAG([x, pool]), host_target())]
     assert not any(r.startswith("lanes") for rs in rules for r in rs)
 
 
 def test_the_blocked_conv_fuses_its_bias_residual_add_and_relu_into_one_pass():
     # the bias is laid out C/b x b, read at the stage's own axes: strictly inlinable like the add, so the conv's
     # accumulator tile is written once, through bias + add + ReLU (no second pass over the output)
-    from compiler.tasks import extract_tasks
+    from compiler.tensor.tasks import plan_tasks
 
-    tasks, _, _ = extract_tasks(load(residual_net(np.random.default_rng(5)), {"x": [1, 3, 16, 16]}))
+    tasks, _, _ = plan_tasks(load(residual_net(np.random.default_rng(5)), {"x": [1, 3, 16, 16]}))
     (task,) = [t for t in tasks if t.name == "fused_blockedconv_add_relu"]
-    first = generate_sketches(task.dag, Target.host())[0].rules
+    first = generate_sketches(task.dag, host_target())[0].rules
     assert [r.split("(")[0] for r in first] == ["inline", "inline", "tile+fuse"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler import interp, ops, te
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.errors import LoweringError
-from compiler.lower import lower
-from compiler.state import Annotate, ComputeAt, Split, apply_steps
+from compiler.base.errors import LoweringError
+from compiler.schedule import interp
+from compiler.schedule.lower import lower
+from compiler.schedule.state import Annotate, ComputeAt, Split, apply_steps
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 
 def row_sum_split():

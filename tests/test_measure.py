@@ -11,11 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from compiler import ops, te
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.hand_schedules import gemm
-from compiler.measure import (
+from compiler.costs.measure import (
     BUILD,
     BUILD_TIMEOUT,
     INSTANTIATION,
@@ -23,18 +19,20 @@ from compiler.measure import (
     RUN_TIMEOUT,
     WRONG_ANSWER,
     BuildResult,
-    LocalBuilder,
-    LocalRunner,
     MeasureInput,
     MeasureResult,
-    _serve_builds,
     measure,
     to_record,
 )
-from compiler.records import COLD_WEIGHTS, JSONLinesDatabase
-from compiler.state import Split, apply_steps, step_from_record
-from compiler.target import Target
-from compiler.tasks import Task
+from compiler.costs.records import COLD_WEIGHTS, JSONLinesDatabase
+from compiler.schedule.hand_schedules import gemm
+from compiler.schedule.state import Split, apply_steps, step_from_record
+from compiler.targets import host_target
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner, _serve_builds
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 
 N = 64
 
@@ -221,7 +219,7 @@ class _FakeKernel:
 def fake_kernel(monkeypatch):
     from types import SimpleNamespace
 
-    from compiler import measure_worker
+    from compiler.targets.cpu import sandbox as measure_worker
 
     def make(*durations: float) -> _FakeKernel:
         k = _FakeKernel(*durations)
@@ -232,7 +230,7 @@ def fake_kernel(monkeypatch):
 
 
 def test_a_batch_times_calls_until_they_fill_min_repeat_ms(fake_kernel):
-    from compiler.measure_worker import timed_repeats
+    from compiler.targets.cpu.sandbox import timed_repeats
 
     d = 2**-9  # ~1.95 ms, exact in binary: the sums below are exact
     k = fake_kernel(d)
@@ -244,7 +242,7 @@ def test_a_batch_times_calls_until_they_fill_min_repeat_ms(fake_kernel):
 
 
 def test_a_slow_check_call_is_warm_up_enough(fake_kernel):
-    from compiler.measure_worker import timed_repeats
+    from compiler.targets.cpu.sandbox import timed_repeats
 
     k = fake_kernel(0.04)
     costs, number = timed_repeats(k, [], number=1, repeat=1, min_s=0.1, before=None, warm_s=0.04)
@@ -252,7 +250,7 @@ def test_a_slow_check_call_is_warm_up_enough(fake_kernel):
 
 
 def test_a_batch_runs_at_least_number_calls_but_stops_at_the_overshoot(fake_kernel):
-    from compiler.measure_worker import OVERSHOOT, timed_repeats
+    from compiler.targets.cpu.sandbox import OVERSHOOT, timed_repeats
 
     k = fake_kernel(0.001)
     costs, number = timed_repeats(k, [], number=200, repeat=1, min_s=0.1, before=None, warm_s=1.0)
@@ -264,7 +262,7 @@ def test_a_batch_runs_at_least_number_calls_but_stops_at_the_overshoot(fake_kern
 
 
 def test_without_min_repeat_ms_each_batch_is_number_calls_each_prepared(fake_kernel):
-    from compiler.measure_worker import timed_repeats
+    from compiler.targets.cpu.sandbox import timed_repeats
 
     k = fake_kernel(0.003)
     flushes = []
@@ -278,13 +276,13 @@ def test_without_min_repeat_ms_each_batch_is_number_calls_each_prepared(fake_ker
 def test_cache_flush_times_single_calls(good):
     with LocalRunner(repeat=3, cache_flush=True, threads=1) as r:
         assert (r.number, r.min_repeat_ms) == (1, 0)
-        assert r.flush_bytes >= 2 * (Target.host().l3_bytes or 0)
+        assert r.flush_bytes >= 2 * (host_target().l3_bytes or 0)
         res = run_one(r, good.path)
     assert res.ok and len(res.costs) == 3, res.message
 
 
 def test_records_round_trip_and_replay(tmp_path):
-    target = Target.host()
+    target = host_target()
     steps = gemm(TASK.dag).steps
     ok = MeasureResult((1e-5, 2e-5), None, "", 0.1, 0.2)
     bad = MeasureResult((), WRONG_ANSWER, "output 0 differs", 0.1, 0.2)
@@ -300,7 +298,7 @@ def test_records_round_trip_and_replay(tmp_path):
 
 
 def test_measured_arrays_start_on_a_cache_line():
-    from compiler.measure_worker import ALIGN, aligned, aligned_empty
+    from compiler.targets.cpu.sandbox import ALIGN, aligned, aligned_empty
 
     out = aligned_empty((5, 7), np.float32)
     assert out.ctypes.data % ALIGN == 0 and out.flags.c_contiguous and out.shape == (5, 7) and out.dtype == np.float32
@@ -313,7 +311,7 @@ def test_measured_arrays_start_on_a_cache_line():
 def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(builder, tmp_path, monkeypatch):
     """The runner sends the task's constant inputs (here B, as a model's weight) for eviction; the sandbox flushes
     their cache lines before each call, and the candidate still checks and times."""
-    from compiler import measure_worker
+    from compiler.targets.cpu import sandbox as measure_worker
 
     task = Task(TASK.key, TASK.dag, TASK.name, constants=(1,))
     with LocalRunner(timeout=5.0, number=2, repeat=2, min_repeat_ms=5, threads=1, cold_constants=True) as cold:
@@ -321,7 +319,7 @@ def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(bui
         inp = MeasureInput(task, gemm(task.dag).steps)
         results = measure([inp], builder, cold)
         assert results[0].ok, results[0].message
-        assert cold.cache == results[0].cache == to_record(inp, results[0], Target.host()).cache == COLD_WEIGHTS
+        assert cold.cache == results[0].cache == to_record(inp, results[0], host_target()).cache == COLD_WEIGHTS
         lib = cold._evict_lib
         # what the sandbox does, in this process: flushing writes dirty lines back, so data never changes
         flushed: list[tuple[int, int]] = []
@@ -344,11 +342,11 @@ def test_with_cold_constants_the_weights_are_flushed_before_every_timed_call(bui
 
 
 def test_tasks_know_which_inputs_are_model_constants():
-    from compiler.examples import resnet18
-    from compiler.onnx_frontend import load
-    from compiler.tasks import constant_bytes, extract_tasks, weights_arrive_cold
+    from compiler.model.onnx_import import load
+    from compiler.tensor.tasks import constant_bytes, plan_tasks, weights_arrive_cold
+    from tilefarm.examples import resnet18
 
-    tasks, calls, _ = extract_tasks(load(resnet18()))
+    tasks, calls, _ = plan_tasks(load(resnet18()))
     for t in tasks:
         consts = [
             {i for i, v in enumerate(c.args[: len(t.dag.inputs)]) if v.const is not None} for c in calls if c.task is t
@@ -364,12 +362,14 @@ def test_tasks_know_which_inputs_are_model_constants():
 
 
 def test_auto_times_weights_cold_where_this_host_does_not_keep_them_cached(monkeypatch):
-    from compiler import cache_probe, tasks
-    from compiler.examples import tiny_cnn
-    from compiler.onnx_frontend import load
-    from compiler.tasks import constant_bytes, extract_tasks, weights_timed_cold
+    from compiler.model.onnx_import import load
+    from compiler.search.task_scheduler import weights_timed_cold
+    from compiler.targets import cpu
+    from compiler.targets.cpu import cache_probe
+    from compiler.tensor.tasks import constant_bytes, plan_tasks
+    from tilefarm.examples import tiny_cnn
 
-    _, calls, _ = extract_tasks(load(tiny_cnn()))
+    _, calls, _ = plan_tasks(load(tiny_cnn()))
     probed = []
 
     def keeps(nbytes: int, kept: bool) -> bool:
@@ -377,9 +377,9 @@ def test_auto_times_weights_cold_where_this_host_does_not_keep_them_cached(monke
         return kept
 
     # the weights fit the reported cache: the measured re-read decides
-    monkeypatch.setattr(tasks, "keeps_cached", lambda n: keeps(n, True))
+    monkeypatch.setattr(cpu.BACKEND, "keeps_cached", lambda n: keeps(n, True))
     assert not weights_timed_cold("auto", calls, 1 << 30)
-    monkeypatch.setattr(tasks, "keeps_cached", lambda n: keeps(n, False))
+    monkeypatch.setattr(cpu.BACKEND, "keeps_cached", lambda n: keeps(n, False))
     assert weights_timed_cold("auto", calls, 1 << 30)
     assert probed == [constant_bytes(calls)] * 2
     # measured only where this host is of the class that times the kernels (a farm's search host may not be)

@@ -13,11 +13,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from compiler.build import build
-from compiler.errors import UnsupportedOp
-from compiler.onnx_frontend import load
-from compiler.ops import OPS
-from compiler.runtime import Artifact
+from compiler.artifact.build import build
+from compiler.artifact.runtime import Artifact
+from compiler.base.errors import UnsupportedOp
+from compiler.model.onnx_import import load
+from compiler.tensor.ops import OPS
 
 # The weights are constant-filled, so all 1000 logits are equal and most of these nets end in a uniform softmax
 # (every output exactly 1e-3) whatever the kernels compute; the logits themselves (1e9 to 1e31 here) carry the whole
@@ -28,7 +28,7 @@ from compiler.runtime import Artifact
 MAX_REL_ERR = {"output": 1e-4, "logits": 1e-3}
 
 NO_LRN = pytest.mark.xfail(
-    "LRN" not in OPS, raises=UnsupportedOp, strict=True, reason="LRN is not implemented (compiler/ops/norm.py)"
+    "LRN" not in OPS, raises=UnsupportedOp, strict=True, reason="LRN is not implemented (compiler/tensor/ops/norm.py)"
 )
 MARKS = {
     "bvlc_alexnet": [NO_LRN],

@@ -8,9 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler.build import run_in_process
-from compiler.errors import InvalidModel, UnsupportedDType, UnsupportedOp
-from compiler.onnx_frontend import ONNX_OPS, load, parse_input_shapes
+from compiler.artifact.build import run_in_process
+from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
+from compiler.model.onnx_import import ONNX_OPS, load, parse_input_shapes
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64

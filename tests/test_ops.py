@@ -1,4 +1,4 @@
-"""The kernel definitions in compiler/ops.py: shapes, argument errors, and references checked independently."""
+"""The kernel definitions in compiler/tensor/ops/: shapes, argument errors, and references checked independently."""
 
 import math
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from compiler import ops, te
-from compiler.dag import topological_tensors
-from compiler.errors import InvalidExpr
+from compiler.base.errors import InvalidExpr
+from compiler.tensor import ops, te
+from compiler.tensor.dag import topological_tensors
 
 # ---------------------------------------------------------------------------------------------- a direct TE evaluator
 # Evaluates a tensor's definition with numpy broadcasting, one stage at a time, without the scheduler or loop IR,

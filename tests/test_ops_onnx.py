@@ -20,15 +20,17 @@ from onnx import TensorProto, helper
 from onnx.helper import np_dtype_to_tensor_dtype
 from onnx.reference import ReferenceEvaluator
 
-from compiler import dtypes, interp, ops, te
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.errors import InvalidExpr, UnsupportedDType
-from compiler.lower import lower
-from compiler.ops.winograd import winograd_matrices, winograd_weight
-from compiler.passes import block_conv_input_channels, pack_conv_weight
-from compiler.state import initial_state
+from compiler.base import dtypes
+from compiler.base.errors import InvalidExpr, UnsupportedDType
+from compiler.model.passes import block_conv_input_channels, pack_conv_weight
+from compiler.model.winograd import winograd_matrices, winograd_weight
+from compiler.schedule import interp
+from compiler.schedule.lower import lower
+from compiler.schedule.state import initial_state
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 RNG = np.random.default_rng(0)
 EXACT = (0.0, 0.0)
@@ -606,7 +608,7 @@ def _window_ref(x: np.ndarray, k: int, stride: int, pad: int, fill: float, reduc
 
 
 def nchwc_cases(blocked_ref) -> list[Case]:
-    """tilefarm's NCHWc forms (made by compiler.layout.propagate_nchwc): N x C/16 x H x W x 16 data."""
+    """tilefarm's NCHWc forms (made by compiler.model.layout.propagate_nchwc): N x C/16 x H x W x 16 data."""
     x = f32(1, 2, 7, 9, 16)
     w = pack_conv_weight(f32(32, 32, 3, 3))
     w6, bias = block_conv_input_channels(w), f32(2, 16)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import ops, te
-from compiler.annotate import materialize, sample, space
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.lower import lower
-from compiler.sketch import generate_sketches, packable_input
-from compiler.state import initial_state
+from compiler.schedule.lower import lower
+from compiler.schedule.state import initial_state
+from compiler.targets.cpu.annotate import materialize, sample, space
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.sketch import generate_sketches, packable_input
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 
 def _matmul(m, k, n):

@@ -1,4 +1,4 @@
-"""Loop partitioning at split tails (compiler/partition.py): the main part runs unguarded, every program still
+"""Loop partitioning at split tails (compiler/schedule/partition.py): the main part runs unguarded, every program still
 computes what numpy does, and programs whose splits divide their extents lower as before."""
 
 from __future__ import annotations
@@ -8,18 +8,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import compiler.lower
-from compiler import dtypes, ops, te
-from compiler.annotate import Decisions, InvalidProgram, materialize, sample_program
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.loopir import Buffer, For, Func, IfThenElse, Store, seq, walk_stmts
-from compiler.lower import lower
-from compiler.ops.kernels import KERNELS
-from compiler.partition import partition_loops
-from compiler.sketch import generate_sketches
-from compiler.target import Target
-from compiler.te import Const, Var
+import compiler.schedule.lower
+from compiler.base import dtypes
+from compiler.base.errors import InvalidProgram
+from compiler.base.target import Target
+from compiler.schedule.loopir import Buffer, For, Func, IfThenElse, Store, seq, walk_stmts
+from compiler.schedule.lower import lower
+from compiler.schedule.partition import partition_loops
+from compiler.targets.cpu.annotate import Decisions, materialize, sample_program
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.sketch import generate_sketches
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.kernels import KERNELS
+from compiler.tensor.te import Const, Var
 
 TARGET = Target(cores=2)
 
@@ -152,5 +154,5 @@ def test_programs_whose_tiles_divide_lower_as_without_partitioning(dag, monkeypa
     rng = np.random.default_rng(0)
     states = [sample_program(sketches[i % len(sketches)], rng, TARGET.cores, 8)[1] for i in range(24)]
     partitioned = [str(lower(s)) for s in states]
-    monkeypatch.setattr(compiler.lower, "partition_loops", lambda stmt, ranges: stmt)
+    monkeypatch.setattr(compiler.schedule.lower, "partition_loops", lambda stmt, ranges: stmt)
     assert [str(lower(s)) for s in states] == partitioned

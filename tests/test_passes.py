@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.graph import Graph, Node, TensorType, Value
-from compiler.passes import (
+from compiler.model.fusion import fuse
+from compiler.model.graph import Graph, Node, TensorType, Value
+from compiler.model.memory_plan import plan_memory
+from compiler.model.optimize import optimize
+from compiler.model.passes import (
     ANCHOR,
     CONV_BLOCK,
     block_conv_weights,
     fold_batchnorm,
-    fuse,
     gemm_to_matmul,
-    optimize,
-    plan_memory,
     remove_identity,
 )
 

@@ -10,20 +10,22 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build, cache_preference, schedule_tasks, target_name
-from compiler.onnx_frontend import load
-from compiler.records import (
+from compiler.artifact.build import build, schedule_tasks
+from compiler.artifact.runtime import Artifact
+from compiler.costs.records import (
     COLD_WEIGHTS,
     FLUSHED,
     WARM,
     JSONLinesDatabase,
     RecordError,
     TuningRecord,
+    cache_preference,
     read_records,
+    target_name,
 )
-from compiler.runtime import Artifact
-from compiler.target import Target
-from compiler.tasks import constant_bytes, extract_tasks
+from compiler.model.onnx_import import load
+from compiler.targets import host_target
+from compiler.tensor.tasks import constant_bytes, plan_tasks
 
 
 def rec(key="w1", host="h1", steps=(("SP", 0, 0, (4,), True),), costs=(1.0,), target="llvm -mcpu=x", error=None):
@@ -103,8 +105,8 @@ def dense_model():
 def test_compile_applies_the_best_record_and_lists_it(tmp_path):
     model, inits = dense_model()
     graph = load(model)
-    (task,), _, _ = extract_tasks(graph)
-    host = Target.host()
+    (task,), _, _ = plan_tasks(graph)
+    host = host_target()
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     # a naive schedule (no steps) measured fast, and a record whose steps no longer replay, measured faster
     db.commit(TuningRecord(task.key, target_name(host), host.fingerprint(), (), (2e-6,)))
@@ -126,8 +128,8 @@ def test_compile_takes_records_of_the_cache_condition_the_model_runs_in(tmp_path
     from dataclasses import replace
 
     model, _ = dense_model()
-    (task,), calls, _ = extract_tasks(load(model))
-    host = Target.host()
+    (task,), calls, _ = plan_tasks(load(model))
+    host = host_target()
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     warm = TuningRecord(task.key, target_name(host), host.fingerprint(), (), (1e-6,))
     assert db.commit(warm) and db.commit(replace(warm, costs=(5e-6,), cache=COLD_WEIGHTS))  # one schedule, timed twice

@@ -30,7 +30,7 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def onnx_model(tmp_path_factory) -> Path:
-    from compiler import examples
+    from tilefarm import examples
 
     path = tmp_path_factory.mktemp("model") / "tiny_cnn.onnx"
     examples.save("tiny_cnn", path)
@@ -98,7 +98,7 @@ def test_upload_tune_compile_download_run(service, onnx_model, tmp_path, capsys)
 
     import onnxruntime as ort
 
-    from compiler.runtime import Artifact
+    from compiler.artifact.runtime import Artifact
 
     art = Artifact.load(tar)
     x = np.random.default_rng(0).standard_normal(art.meta["inputs"][0]["shape"]).astype(np.float32)

@@ -15,10 +15,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build
-from compiler.errors import UnsupportedOp
-from compiler.onnx_frontend import load
-from compiler.runtime import Artifact, ArtifactError
+from compiler.artifact.build import build
+from compiler.artifact.runtime import Artifact, ArtifactError
+from compiler.base.errors import UnsupportedOp
+from compiler.model.onnx_import import load
 
 
 def small_cnn() -> onnx.ModelProto:
@@ -72,7 +72,7 @@ def test_artifact_matches_onnxruntime_in_a_fresh_process(artifact, tmp_path):
     x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     code = (
-        "import numpy as np, sys; from compiler.runtime import Artifact;"
+        "import numpy as np, sys; from compiler.artifact.runtime import Artifact;"
         f"out = Artifact.load({str(artifact)!r}).run({{'x': np.load({str(tmp_path / 'x.npy')!r})}});"
         f"np.savez({str(tmp_path / 'out.npz')!r}, **out)"
     )
@@ -161,7 +161,7 @@ def test_unsupported_op_is_reported_with_node_names(tmp_path):
 
 
 def test_in_process_run_matches_the_artifact(artifact):
-    from compiler.build import run_in_process
+    from compiler.artifact.build import run_in_process
 
     x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
     got = run_in_process(load(small_cnn(), {"x": [2, 3, 8, 8]}), {"x": x})

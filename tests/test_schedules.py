@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from compiler import interp
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.errors import LoweringError
-from compiler.loopir import Allocate, For, IfThenElse, Seq
-from compiler.lower import lower
-from compiler.ops import KERNELS
-from compiler.state import apply_steps
+from compiler.base.errors import LoweringError
+from compiler.schedule import interp
+from compiler.schedule.loopir import Allocate, For, IfThenElse, Seq
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops import KERNELS
 from tests.strategies import legal_steps
 
 DAGS = {name: ComputeDAG(sum(case.build(), [])) for name, case in KERNELS.items()}

@@ -11,28 +11,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler import ops, search, te
-from compiler.annotate import (
+from compiler.base.errors import InvalidProgram
+from compiler.base.target import Target
+from compiler.costs.cost_model import RandomModel
+from compiler.schedule.loopir import Allocate, For, IfThenElse, Seq, Store
+from compiler.schedule.lower import lower
+from compiler.schedule.state import State
+from compiler.search import evolution as search
+from compiler.search.evolution import Candidate, SearchParams, SearchPolicy, program_identity
+from compiler.targets import host_target
+from compiler.targets.cpu.annotate import (
     MAX_INNERMOST_FACTOR,
     Decisions,
-    InvalidProgram,
     RegisterFile,
     UpdateShape,
     materialize,
     sample,
     sample_program,
 )
-from compiler.codegen import compile_funcs
-from compiler.cost_model import RandomModel
-from compiler.dag import ComputeDAG
-from compiler.loopir import Allocate, For, IfThenElse, Seq, Store
-from compiler.lower import lower
-from compiler.mutate import MUTATIONS, mutate, mutate_tile_size
-from compiler.ops.kernels import KERNELS
-from compiler.search import Candidate, SearchParams, SearchPolicy, program_identity
-from compiler.sketch import Sketch
-from compiler.state import State
-from compiler.target import Target
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.host import fmas_in_flight
+from compiler.targets.cpu.mutate import MUTATIONS, mutate, mutate_tile_size
+from compiler.targets.cpu.sketch import Sketch
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.kernels import KERNELS
 
 PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16)
 # matmul and conv: multi-level tiling (with fusion); softmax, layer_norm and row_sum: rfactor; avg_pool2d: a window
@@ -45,7 +48,7 @@ MAX_UNROLL = {"conv2d_bias_relu": 64}
 
 
 def policy(name: str, seed: int = 0, params: SearchParams = PARAMS, dag: ComputeDAG | None = None) -> SearchPolicy:
-    return SearchPolicy(dag or DAGS[name], RandomModel(seed), Target.host(), params, seed)
+    return SearchPolicy(dag or DAGS[name], RandomModel(seed), host_target(), params, seed)
 
 
 def mutants(p: SearchPolicy, parents: list[Candidate], rng: np.random.Generator) -> list[Candidate]:
@@ -252,7 +255,7 @@ def test_features_sent_ahead_while_a_population_is_made_change_no_batch(monkeypa
     # on two cores the search sends a population's new programs to the feature workers STREAM_CHUNK at a time
     # while it makes the rest; its batches and features are those of featurizing each population once it is made
     def rounds() -> tuple[SearchPolicy, list[list[str]], list[np.ndarray]]:
-        two_cores = replace(Target.host(), cores=2)
+        two_cores = replace(host_target(), cores=2)
         params = SearchParams(population=96, num_iters=2, init_min_population=16)
         p = SearchPolicy(DAGS["conv2d_bias_relu"], RandomModel(5), two_cores, params, 5)
         p.model.informed = True  # its scores rank the population: the evolution runs from the first round
@@ -284,7 +287,7 @@ def test_candidates_replay_from_their_trace():
 # block of 16 or more accumulators (17 or more registers with the broadcast) a third of the time or more
 # (annotate.RegisterFile)
 GEMM_1024 = ComputeDAG([*(ab := [te.placeholder((1024, 1024), name=n) for n in "AB"]), ops.matmul(*ab, name="C")])
-# Zen 2: its two FMA units of 5-cycle latency want 10 accumulators in flight (Target.fmas_in_flight)
+# Zen 2: its two FMA units of 5-cycle latency want 10 accumulators in flight (host.fmas_in_flight)
 AVX2 = Target(triple="x86_64-unknown-linux-gnu", mcpu="znver2", features="+avx,+avx2,+fma", cores=2, vector_bytes=32)
 
 
@@ -336,12 +339,13 @@ def test_sampled_register_blocks_fit_in_the_register_file():
     fitting = avx2_gemm()
     programs = fitting.sample_initial(120)
     assert len(programs) == 120
-    assert all(fitting.registers.fits(fitting.sketches[c.sketch_index], c.decisions.tiles) for c in programs)
+    assert all(fitting.space.registers.fits(fitting.sketches[c.sketch_index], c.decisions.tiles) for c in programs)
     # what the prior takes away: without it a good part of the same draws spill
     ansor = avx2_gemm(register_tiles=False)
-    assert ansor.registers is None
+    assert ansor.space.registers is None
     drawn = ansor.sample_initial(120)
-    spilling = [c for c in drawn if not fitting.registers.fits(fitting.sketches[c.sketch_index], c.decisions.tiles)]
+    registers = fitting.space.registers
+    spilling = [c for c in drawn if not registers.fits(fitting.sketches[c.sketch_index], c.decisions.tiles)]
     assert len(spilling) > 120 // 5
 
 
@@ -354,7 +358,7 @@ def block_rows(p: SearchPolicy, c) -> tuple[int, int]:
 def test_ragged_rows_fill_the_register_file_beyond_the_extents_divisors():
     p = avx2_gemm()
     blocks = [block_rows(p, c) for c in p.sample_initial(200) if p.sketches[c.sketch_index].register_blocks]
-    assert all(p.registers.fits(p.sketches[0], _gemm_tiles(p, r, c)) for r, c in blocks)
+    assert all(p.space.registers.fits(p.sketches[0], _gemm_tiles(p, r, c)) for r, c in blocks)
     ragged = [(r, c) for r, c in blocks if 1024 % r]
     assert len(ragged) > len(blocks) // 10
     for r, c in ragged:  # more rows than the largest fitting divisor of 1024 (a power of 2), as many as fit
@@ -372,10 +376,10 @@ def test_ragged_rows_only_where_the_divisors_leave_the_fma_units_waiting():
     # needs. Neither draws a ragged row count.
     zen3 = replace(AVX2, mcpu="znver3")
     avx512 = replace(AVX2, mcpu="znver4", features="+avx,+avx2,+avx512f,+fma", vector_bytes=64)
-    assert (AVX2.fmas_in_flight, zen3.fmas_in_flight, avx512.fmas_in_flight) == (10, 8, 4)
+    assert (fmas_in_flight(AVX2), fmas_in_flight(zen3), fmas_in_flight(avx512)) == (10, 8, 4)
     for target in (zen3, avx512):
         p = avx2_gemm(target=target)
-        assert p.ragged and p.registers.in_flight == target.fmas_in_flight
+        assert p.space.ragged and p.space.registers.in_flight == fmas_in_flight(target)
         blocks = [block_rows(p, c) for c in p.sample_initial(200) if p.sketches[c.sketch_index].register_blocks]
         assert blocks and all(1024 % r == 0 for r, _ in blocks), target.mcpu
 
@@ -412,7 +416,7 @@ def _gemm_program(p: SearchPolicy, rows: tuple[int, int, int], cols: tuple[int, 
 
 def test_unrolled_tile_levels_count_in_the_register_block():
     p = avx2_gemm()
-    rf = p.registers
+    rf = p.space.registers
     # i.2 = 4 over a 4x16 innermost block, k.1 = 4: 64 steps inside k.0, all unrolled at 64, so 4 x 4 rows of two
     # vectors live across k.0: 32 accumulators and the broadcast, twice the 16 ymm registers
     sk, prog = _gemm_program(p, (1, 4, 4), (1, 1, 16), 4, 64)
@@ -487,21 +491,21 @@ def test_sampled_and_mutated_programs_keep_their_unrolled_register_blocks_in_the
     programs = p.sample_initial(150)
     counted = [_counted_demand(lower(c.state, "k"), "C.local", 8) for c in programs]
     assert all(n <= 16 for n in counted), max(counted)
-    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
+    assert all(p.space.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in programs)
     children = p._next_generation(programs, np.ones(len(programs)))
-    assert all(p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in children)
+    assert all(p.space.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in children)
     # the same draws counting the innermost tile alone: a good part of them spill once unrolled
     unchecked = avx2_gemm(seed=5, unrolled_blocks=False)
-    assert not unchecked.registers.unrolled
+    assert not unchecked.space.registers.unrolled
     drawn = unchecked.sample_initial(150)
     over = [c for c in drawn if _counted_demand(lower(c.state, "k"), "C.local", 8) > 16]
     assert len(over) > 150 // 20
-    assert all(not p.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in over)
+    assert all(not p.space.registers.unrolled_fits(p.sketches[c.sketch_index], c.state) for c in over)
 
 
 def test_the_update_shape_is_what_the_lowered_loop_nest_keeps_in_registers():
     p = avx2_gemm(seed=2)
-    rf = p.registers
+    rf = p.space.registers
     shapes = 0
     for c in p.sample_initial(120) + p._next_generation(p.sample_initial(60), np.ones(60)):
         if "C.local" not in p.sketches[c.sketch_index].tiled:
@@ -515,7 +519,7 @@ def test_the_update_shape_is_what_the_lowered_loop_nest_keeps_in_registers():
 
 def test_the_update_shape_counts_the_steps_between_the_accumulators_trips_through_memory():
     p = avx2_gemm()
-    rf = p.registers
+    rf = p.space.registers
     # 5 rows of two vectors unrolled (5 steps), k.1 = 4 rolled around them (20 steps: over 16)
     prog = _gemm_program(p, (1, 1, 5), (1, 1, 16), 4, 16)[1]
     assert rf.update_shape(prog, "C.local") == UpdateShape(accumulators=10, steps=4)
@@ -533,17 +537,17 @@ def test_tile_mutations_keep_a_fitting_register_block_fitting():
     for c in p.sample_initial(40):
         sk = p.sketches[c.sketch_index]
         for _ in range(10):
-            d = mutate_tile_size(sk, c.decisions, c.state, rng, p.registers)
-            assert d is None or p.registers.fits(sk, d.tiles)
+            d = mutate_tile_size(sk, c.decisions, c.state, rng, p.space.registers)
+            assert d is None or p.space.registers.fits(sk, d.tiles)
             unchecked = mutate_tile_size(sk, c.decisions, c.state, rng)
-            grown += unchecked is not None and not p.registers.fits(sk, unchecked.tiles)
+            grown += unchecked is not None and not p.space.registers.fits(sk, unchecked.tiles)
     assert grown > 0  # the same moves unchecked do leave the register file
 
 
 # a tuning process's feature pool: prints its workers' pids and their parent's (the forkserver's), then waits
 TUNER = """
 import os, time
-from compiler import search
+from compiler.search import evolution as search
 if __name__ == "__main__":
     pool = search._pool(2)
     pids = {f.result() for f in [pool.submit(os.getpid) for _ in range(8)]}

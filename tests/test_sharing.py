@@ -13,16 +13,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import ops, te
-from compiler.build import target_name
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.onnx_frontend import load
-from compiler.records import JSONLinesDatabase, TuningRecord, read_records
-from compiler.state import initial_state
-from compiler.target import Target
-from compiler.tasks import Task, extract_tasks
-from compiler.tune import coverage
+from compiler.costs.records import JSONLinesDatabase, TuningRecord, read_records, target_name
+from compiler.model.onnx_import import load
+from compiler.schedule.state import initial_state
+from compiler.search.task_scheduler import coverage
+from compiler.targets import host_target
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task, plan_tasks
 from server.database import SQLDatabase, this_host
 from tilefarm.cli import main
 
@@ -61,7 +60,7 @@ def tuned(tmp_path_factory):
     onnx.save(mlp([16, 16, 32], seed=1), b)  # other weights: the workload key depends on shapes, not values
     url = f"sqlite:///{d / 'a.db'}"
     assert main(["tune", str(a), "--database", url, "--trials", "4", *TUNE]) == 0
-    keys_a, keys_b = ([t.key for t in extract_tasks(load(str(m)))[0]] for m in (a, b))
+    keys_a, keys_b = ([t.key for t in plan_tasks(load(str(m)))[0]] for m in (a, b))
     assert keys_a[0] == keys_b[0] and keys_a[1] != keys_b[1]
     return a, b, url, keys_b
 
@@ -74,7 +73,7 @@ def inspected(out: str) -> dict[str, tuple[int, int]]:
 
 def test_a_model_sharing_workloads_with_a_tuned_one_needs_no_new_trials(tuned, url, tmp_path, capsys):
     a, b, tuned_url, (shared, only_b) = tuned
-    here = Target.host()
+    here = host_target()
     # the team database receives A's records the way another team's arrive: exported, then imported
     export = tmp_path / "a.jsonl"
     assert main(["records", "export", "--database", tuned_url, "-o", str(export)]) == 0
@@ -122,7 +121,7 @@ def test_coverage_counts_error_free_records_of_this_target_and_host(url, tmp_pat
     A, B = te.placeholder((8, 8), name="A"), te.placeholder((8, 8), name="B")
     dag = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
     task, untouched = Task(dag.workload_key, dag, "matmul8"), Task("0" * 32, dag, "other")
-    here = Target.host()
+    here = host_target()
 
     def record(steps, cost, error=None, host=None, target=None):
         line = {"workload_key": task.key, "target": target or target_name(here), "host": host or here.fingerprint()}
@@ -158,7 +157,7 @@ def test_export_carries_provenance_and_imports_exactly(new_url, tmp_path):
         assert src.export(path) == 3
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["provenance"]["created_by"] == "ana"
-    assert lines[0]["provenance"]["host"]["cpu_model"] == Target.host().cpu_model
+    assert lines[0]["provenance"]["host"]["cpu_model"] == host_target().cpu_model
     assert lines[0]["provenance"]["host"]["tilefarm_version"] == records[0].version
     assert "host" not in lines[1]["provenance"]  # a host's details travel once, on its first line
     assert "host" not in lines[2]["provenance"]  # nothing is known about h2 but its fingerprint

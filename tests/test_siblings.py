@@ -9,16 +9,17 @@ import hashlib
 import numpy as np
 import pytest
 
-from compiler import interp, ops, te
-from compiler.codegen import compile_funcs
-from compiler.cost_model import RandomModel
-from compiler.dag import ComputeDAG
-from compiler.lower import lower
-from compiler.measure import BuildResult, MeasureResult
-from compiler.records import JSONLinesDatabase
-from compiler.search import SearchParams, SearchPolicy, SketchShape
-from compiler.tasks import Task
-from compiler.tune import TaskScheduler, TuneOptions
+from compiler.costs.cost_model import RandomModel
+from compiler.costs.measure import BuildResult, MeasureResult
+from compiler.costs.records import JSONLinesDatabase
+from compiler.schedule import interp
+from compiler.schedule.lower import lower
+from compiler.search.evolution import SearchParams, SearchPolicy, SketchShape
+from compiler.search.task_scheduler import TaskScheduler, TuneOptions
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 
 N = 32
 ZERO = te.const(0.0, "float32")

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler import te
-from compiler.simplify import bound, simplify, symbolic_range
-from compiler.te import Binary, Const, Expr, Var
+from compiler.schedule.simplify import bound, simplify, symbolic_range
+from compiler.tensor import te
+from compiler.tensor.te import Binary, Const, Expr, Var
 
 NAMES = ("i", "j", "k", "l")
 

@@ -10,26 +10,25 @@ import math
 import numpy as np
 import pytest
 
-from compiler import ops, te
-from compiler.annotate import (
+from compiler.base.errors import InvalidProgram
+from compiler.base.target import Target
+from compiler.model.passes import pack_conv_weight
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps, initial_state, print_state, program_key, step_from_record
+from compiler.targets.cpu.annotate import (
     MAX_INNERMOST_FACTOR,
     Decisions,
-    InvalidProgram,
     factorizations,
     materialize,
-    program_key,
     sample,
     sample_tile,
     space,
 )
-from compiler.codegen import compile_funcs
-from compiler.dag import ComputeDAG
-from compiler.lower import lower
-from compiler.ops.kernels import KERNELS, reference_conv2d
-from compiler.passes import pack_conv_weight
-from compiler.sketch import TILE_STRUCTURE, ConsumerView, Sketch, consumer_view, generate_sketches
-from compiler.state import apply_steps, initial_state, print_state, step_from_record
-from compiler.target import Target
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.sketch import TILE_STRUCTURE, ConsumerView, Sketch, consumer_view, generate_sketches
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.kernels import KERNELS, reference_conv2d
 
 CORES = 4
 TARGET = Target(cores=CORES)  # sketches depend on the core count (rfactor); goldens must not depend on the host

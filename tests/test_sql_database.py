@@ -11,7 +11,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from compiler.records import COLD_WEIGHTS, FLUSHED, WARM, JSONLinesDatabase, TuningRecord, read_records
+from compiler.costs.records import COLD_WEIGHTS, FLUSHED, WARM, JSONLinesDatabase, TuningRecord, read_records
 from server.database import DatabaseError, SQLDatabase, this_host
 from server.migrate import current_revision, head_revision
 from server.models import Base
@@ -69,7 +69,7 @@ def test_best_is_fastest_first_without_errors(db):
 
 
 def test_records_of_takes_only_those_workloads_target_and_host(db, tmp_path):
-    from compiler.records import JSONLinesDatabase
+    from compiler.costs.records import JSONLinesDatabase
 
     mine = [rec(), rec(tile=8, costs=(), error="run"), rec(key="w2", tile=2)]
     others = [rec(key="w3"), rec(host="h2"), rec(target="llvm -mcpu=other")]

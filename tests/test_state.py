@@ -9,12 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler import interp, ops, te
-from compiler.dag import ComputeDAG
-from compiler.errors import IllegalStep
-from compiler.lower import infer_bound, lower
-from compiler.ops import KERNELS
-from compiler.state import (
+from compiler.base.errors import IllegalStep
+from compiler.schedule import interp
+from compiler.schedule.lower import infer_bound, lower
+from compiler.schedule.state import (
     STEPS,
     Annotate,
     CacheRead,
@@ -33,6 +31,9 @@ from compiler.state import (
     print_state,
     step_from_record,
 )
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops import KERNELS
 from tests.strategies import legal_steps
 
 
@@ -443,7 +444,7 @@ def test_derive_is_remembered_per_relations_order_and_extents():
     asked again it returns the same result; other extents (a region bound inference shrank) replay anew."""
     from dataclasses import replace
 
-    from compiler.state import Stage, derive
+    from compiler.schedule.state import Stage, derive
 
     stage = apply_steps(matmul_dag(), TILED_MATMUL).stages[2]  # C.local: splits, a reorder, a vectorized loop
     full = derive(stage)
@@ -458,7 +459,7 @@ def test_derive_is_remembered_per_relations_order_and_extents():
 def test_derive_is_shared_by_replays_that_rebuild_the_op():
     """Each replay of a cache_write builds its two ops anew; the loops derived for them are remembered by the ops'
     axes, so a second replay of the same schedule (the search replays every candidate) finds them."""
-    from compiler.state import derive
+    from compiler.schedule.state import derive
 
     a, b = apply_steps(matmul_dag(), TILED_MATMUL), apply_steps(matmul_dag(), TILED_MATMUL)
     for name in ("C.local", "C"):

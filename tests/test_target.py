@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from compiler.errors import InvalidTarget
-from compiler.target import FEATURES_ENV, Target, _edited_features, _vector_bytes
+from compiler.base.errors import InvalidTarget
+from compiler.base.target import Target
+from compiler.targets import host_target
+from compiler.targets.cpu.host import FEATURES_ENV, _edited_features, _vector_bytes, fmas_in_flight, vector_registers
 
 HOST = "+avx,+avx2,+avx512bw,+avx512f,+fma,-amx-tile,-sse4a"
 
@@ -45,7 +47,7 @@ def test_bad_edits_name_what_is_wrong(edits, says):
 
 def _widest_feature() -> tuple[str, str]:
     """The edit that narrows this host's vectors, and the register name that must then be gone from the code."""
-    host = Target.host()
+    host = host_target()
     if host.has("avx512f"):
         return "-avx512f", "%zmm"
     if host.has("avx"):
@@ -58,7 +60,7 @@ def _kernel(env_edits: str | None) -> str:
     if env_edits is not None:
         env[FEATURES_ENV] = env_edits
     code = (
-        "from compiler.target import Target; print('fingerprint', Target.host().fingerprint()); "
+        "from compiler.targets import host_target; print('fingerprint', host_target().fingerprint()); "
         "from tilefarm.cli import main; "
         "main(['kernel', 'gemm', '--shape', '64,64,64', '--show', 'asm', '--repeat', '1'])"
     )
@@ -75,7 +77,7 @@ def test_narrower_code_runs_right_and_is_filed_apart():
         err = float(re.search(r"max rel error vs numpy (\S+)", out).group(1))
         assert err < 1e-4
     fingerprints = [re.search(r"fingerprint (\w+)", out).group(1) for out in (host, narrow)]
-    assert fingerprints[0] == Target.host().fingerprint() != fingerprints[1]
+    assert fingerprints[0] == host_target().fingerprint() != fingerprints[1]
 
 
 def test_a_bad_setting_stops_the_cli_with_its_name_not_a_traceback():
@@ -98,24 +100,24 @@ def test_tuning_with_edits_files_records_apart_and_says_so(tmp_path):
     said = re.search(rf"with {edit} \({FEATURES_ENV}\): records filed under host (\w+)", out.stdout)
     assert said, out.stdout
     hosts = {json.loads(line)["host"] for line in records.read_text().splitlines()}
-    assert hosts == {said.group(1)} and said.group(1) != Target.host().fingerprint()
+    assert hosts == {said.group(1)} and said.group(1) != host_target().fingerprint()
 
 
 def test_vector_registers_follow_the_widest_vector_feature_and_the_architecture():
-    assert Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+avx512f,+fma").vector_registers == 32
-    assert Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+fma,-avx512f").vector_registers == 16
-    assert Target(triple="x86_64-unknown-linux-gnu", features="+sse2").vector_registers == 16
-    assert Target(triple="aarch64-unknown-linux-gnu", features="+neon").vector_registers == 32
+    assert vector_registers(Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+avx512f,+fma")) == 32
+    assert vector_registers(Target(triple="x86_64-unknown-linux-gnu", features="+avx,+avx2,+fma,-avx512f")) == 16
+    assert vector_registers(Target(triple="x86_64-unknown-linux-gnu", features="+sse2")) == 16
+    assert vector_registers(Target(triple="aarch64-unknown-linux-gnu", features="+neon")) == 32
     edited = _edited_features("+avx,+avx2,+avx512f,+fma", "-avx512f")
-    assert Target(triple="x86_64-unknown-linux-gnu", features=edited).vector_registers == 16
+    assert vector_registers(Target(triple="x86_64-unknown-linux-gnu", features=edited)) == 16
 
 
 def test_fmas_in_flight_are_latency_times_issue_rate_at_the_vector_width():
     def zen(n: int, vector_bytes: int) -> int:
-        return Target(mcpu=f"znver{n}", vector_bytes=vector_bytes).fmas_in_flight
+        return fmas_in_flight(Target(mcpu=f"znver{n}", vector_bytes=vector_bytes))
 
     assert zen(2, 32) == 5 * 2 and zen(3, 32) == 4 * 2 and zen(1, 32) == 5 * 1
     assert zen(4, 32) == 4 * 2 and zen(4, 64) == 4 * 1  # Zen 4 splits a 512-bit FMA into two 256-bit halves
     assert zen(5, 64) == 4 * 2
-    assert Target(mcpu="haswell", vector_bytes=32).fmas_in_flight == 10
-    assert Target(mcpu="sapphirerapids", vector_bytes=64).fmas_in_flight == 8  # not listed: two FMAs of 4 cycles
+    assert fmas_in_flight(Target(mcpu="haswell", vector_bytes=32)) == 10
+    assert fmas_in_flight(Target(mcpu="sapphirerapids", vector_bytes=64)) == 8  # not listed: two FMAs of 4 cycles

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.build import build
-from compiler.onnx_frontend import load
-from compiler.runtime import Artifact
+from compiler.artifact.build import build
+from compiler.artifact.runtime import Artifact
+from compiler.model.onnx_import import load
 
 try:
     import torch

@@ -10,24 +10,26 @@ import math
 import numpy as np
 import pytest
 
-from compiler import dag_json, examples, features, te, transfer
-from compiler.build import target_name
-from compiler.cost_model import RandomModel, XGBModel, pairwise_accuracy
-from compiler.dag import ComputeDAG, Op
-from compiler.dag_json import DAGFormatError
-from compiler.errors import InvalidExpr
-from compiler.onnx_frontend import load
-from compiler.ops.kernels import KERNELS
-from compiler.ops.linalg import matmul
-from compiler.records import TuningRecord
-from compiler.search import SearchParams, SearchPolicy
-from compiler.target import Target
-from compiler.tasks import Task, extract_tasks
-from compiler.transfer import ModelCache, featurize_records
+from compiler.base.errors import InvalidExpr
+from compiler.costs import features
+from compiler.costs.cost_model import RandomModel, XGBModel, pairwise_accuracy
+from compiler.costs.records import TuningRecord, target_name
+from compiler.model.onnx_import import load
+from compiler.search import transfer
+from compiler.search.evolution import SearchParams, SearchPolicy
+from compiler.search.transfer import ModelCache, featurize_records
+from compiler.targets import host_target
+from compiler.tensor import dag_json, te
+from compiler.tensor.dag import ComputeDAG, Op
+from compiler.tensor.dag_json import DAGFormatError
+from compiler.tensor.ops.kernels import KERNELS
+from compiler.tensor.ops.linalg import matmul
+from compiler.tensor.tasks import Task, plan_tasks
 from server.database import SQLDatabase
+from tilefarm import examples
 from tilefarm.cli import main
 
-TARGET = Target.host()
+TARGET = host_target()
 # uniform tile sizes from the extents' divisors (Ansor's sampling): random programs as varied as they come, vector
 # widths included
 PARAMS = SearchParams(population=32, num_iters=1, init_min_population=16, lane_tiles=False, ragged_rows=False)
@@ -84,7 +86,7 @@ def features_and_costs(task: Task, recs: list[TuningRecord]) -> tuple[list[np.nd
 
 def test_every_kernel_and_model_task_round_trips_through_json():
     tasks = [kernel_task(name) for name in KERNELS]
-    tasks += extract_tasks(load(examples.tiny_cnn()))[0] + extract_tasks(load(examples.encoder(layers=1)))[0]
+    tasks += plan_tasks(load(examples.tiny_cnn()))[0] + plan_tasks(load(examples.encoder(layers=1)))[0]
     for t in tasks:
         back = dag_json.from_json(dag_json.to_json(t.dag), t.key)
         assert back.ops == t.dag.ops and back.inputs == t.dag.inputs and back.outputs == t.dag.outputs, t.name
@@ -146,7 +148,7 @@ def test_records_of_unknown_workloads_and_steps_that_do_not_replay_are_left_out(
 def test_a_workloads_timings_of_two_cache_conditions_are_normalized_apart():
     from dataclasses import replace
 
-    from compiler.records import COLD_WEIGHTS, training_group
+    from compiler.costs.records import COLD_WEIGHTS, training_group
 
     a = matmul_task(16, 16, 16)
     recs = records(a, 4, 0)

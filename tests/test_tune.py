@@ -12,29 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler import ops, te
-from compiler.annotate import program_key
-from compiler.codegen import compile_funcs
-from compiler.cost_model import RandomModel, XGBModel
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.lower import lower
-from compiler.measure import (
+from compiler.costs.cost_model import RandomModel, XGBModel
+from compiler.costs.measure import (
     BUILD_TIMEOUT,
     RUN,
     RUN_TIMEOUT,
     WRONG_ANSWER,
     BuildResult,
-    LocalBuilder,
-    LocalRunner,
     MeasureInput,
     MeasureResult,
 )
-from compiler.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
-from compiler.search import SearchParams
-from compiler.state import apply_steps, step_from_record
-from compiler.tasks import Task
-from compiler.tune import (
+from compiler.costs.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
+from compiler.schedule.lower import lower
+from compiler.schedule.state import apply_steps, program_key, step_from_record
+from compiler.search.evolution import SearchParams
+from compiler.search.task_scheduler import (
     RETIME_CHALLENGERS,
     RETIME_MAX_CHALLENGERS,
     RETIME_PASSES,
@@ -42,6 +34,13 @@ from compiler.tune import (
     TaskScheduler,
     TuneOptions,
 )
+from compiler.targets import host_target
+from compiler.targets.cpu.codegen import compile_funcs
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 from tests.test_measure import c_library
 
 N = 64
@@ -260,12 +259,12 @@ def test_resume_takes_only_this_tasks_records_from_this_host(tuned, builder, run
 
 
 def test_gradient_copes_with_tasks_that_count_no_flops(tmp_path):
-    from compiler import te
-    from compiler.cost_model import RandomModel
-    from compiler.dag import ComputeDAG
-    from compiler.records import JSONLinesDatabase
-    from compiler.tasks import Task
-    from compiler.tune import TaskScheduler
+    from compiler.costs.cost_model import RandomModel
+    from compiler.costs.records import JSONLinesDatabase
+    from compiler.search.task_scheduler import TaskScheduler
+    from compiler.tensor import te
+    from compiler.tensor.dag import ComputeDAG
+    from compiler.tensor.tasks import Task
 
     x = te.placeholder((8, 8), "float32", "x")
     copy = ComputeDAG([x, te.compute((8, 8), lambda i, j: x[j, i], name="transpose")])
@@ -303,8 +302,8 @@ def test_without_the_default_schedule_every_program_comes_from_the_search(builde
 def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_population(share, tmp_path):
     """Measuring here takes no time (a builder and runner that answer at once), so every search costs more than
     its measurement: the rule gives the next round the smallest population; without the rule it stays full."""
-    from compiler.measure import MeasureResult
-    from compiler.tune import MIN_POPULATION
+    from compiler.costs.measure import MeasureResult
+    from compiler.search.task_scheduler import MIN_POPULATION
 
     class Instant(InstantBuilder):
         cache = WARM
@@ -340,7 +339,7 @@ def test_a_round_that_measures_faster_than_it_searches_shrinks_the_next_populati
 def test_a_round_that_measures_fewer_programs_searches_a_smaller_population(share, tmp_path):
     """Under the search-share rule a warm-up round of 16 of 64 searches a quarter of the population (never below
     MIN_POPULATION, never above the parameters'); without the rule every round searches the full population."""
-    from compiler.tune import MIN_POPULATION
+    from compiler.search.task_scheduler import MIN_POPULATION
 
     params = SearchParams(population=1024, num_iters=1)
     options = TuneOptions(trials=64, measures_per_round=64, params=params, seed=0, max_search_share=share)
@@ -356,7 +355,7 @@ def test_the_search_share_counts_from_the_tasks_first_round(tmp_path):
     """A first round that searched as long as it measured (half its time, at the full population) is paid back: the
     next round searches the smallest population, and later rounds grow back as the task's search share, counted
     over all its rounds, reaches a third (a rule sized on each round alone would keep it above)."""
-    from compiler.tune import MIN_POPULATION
+    from compiler.search.task_scheduler import MIN_POPULATION
 
     params = SearchParams(population=1024, num_iters=1)
     options = TuneOptions(trials=64, measures_per_round=64, params=params, seed=0, max_search_share=1 / 3)
@@ -378,7 +377,7 @@ def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
     run's error); then the round's next fastest, 1e-3 s, is timed again too and holds, and it is the task's best.
     A second measurement that fails through no fault of the program (a farm batch lost: "unknown") leaves the first
     timing as it was. Without confirmation the lucky timing stands."""
-    from compiler.measure import MeasureResult
+    from compiler.costs.measure import MeasureResult
 
     class Lucky:
         cache = WARM
@@ -423,7 +422,7 @@ def test_a_new_best_is_timed_twice_before_it_counts(confirm, second, tmp_path):
 def test_an_interrupted_confirmation_still_counts_the_round(tmp_path):
     """A farm job cancelled while it waits for a confirmation (the runner raises): the round's measurements are
     committed and counted with their first timings, then the interruption propagates."""
-    from compiler.measure import MeasureResult
+    from compiler.costs.measure import MeasureResult
 
     class Cancelled(Exception):
         pass
@@ -555,8 +554,7 @@ def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
     """The fastest record of the task has a step this version does not know (another version's, on the same host):
     the re-timing at the end times the others beside each other and leaves it; the task's best is the fastest one
     that replays, as compile would apply."""
-    from compiler.measure import MeasureResult, to_record
-    from compiler.target import Target
+    from compiler.costs.measure import MeasureResult, to_record
 
     class Timer:
         cache = WARM
@@ -573,7 +571,7 @@ def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     unreadable = to_record(
         MeasureInput(TASK, default_schedule(DAG).steps), MeasureResult((1e-6,), None, "", 0.0, 0.0),
-        Target.host(),
+        host_target(),
     )
     db.commit(replace(unreadable, steps=(("StepOfALaterVersion", 1),)))
     options = TuneOptions(trials=8, measures_per_round=8, params=PARAMS, seed=0, confirm_best=False)

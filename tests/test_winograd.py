@@ -9,23 +9,26 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import te
-from compiler.annotate import materialize, sample
-from compiler.build import build, run_in_process
-from compiler.codegen import compile_funcs, llvm_ir
-from compiler.dag import ComputeDAG
-from compiler.default_schedule import default_schedule
-from compiler.errors import InvalidExpr, UnknownPass
-from compiler.loopir import For, walk_stmts
-from compiler.lower import lower
-from compiler.onnx_frontend import load
-from compiler.ops.kernels import reference_conv2d
-from compiler.ops.winograd import conv2d_winograd, winograd_matrices, winograd_weight
-from compiler.passes import CONV_BLOCK, OPTIONAL_PASSES, WINOGRAD_MIN_TILES, fuse, optimize, winograd_tiles
-from compiler.runtime import Artifact
-from compiler.sketch import generate_sketches
-from compiler.state import initial_state
-from compiler.target import Target
+from compiler.artifact.build import build, run_in_process
+from compiler.artifact.runtime import Artifact
+from compiler.base.errors import InvalidExpr, UnknownPass
+from compiler.model.fusion import fuse
+from compiler.model.onnx_import import load
+from compiler.model.optimize import OPTIONAL_PASSES, optimize
+from compiler.model.passes import CONV_BLOCK, WINOGRAD_MIN_TILES, winograd_tiles
+from compiler.model.winograd import winograd_matrices, winograd_weight
+from compiler.schedule.loopir import For, walk_stmts
+from compiler.schedule.lower import lower
+from compiler.schedule.state import initial_state
+from compiler.targets import host_target
+from compiler.targets.cpu.annotate import materialize, sample
+from compiler.targets.cpu.codegen import compile_funcs, llvm_ir
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.targets.cpu.sketch import generate_sketches
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops.kernels import reference_conv2d
+from compiler.tensor.ops.winograd import conv2d_winograd
 
 B = CONV_BLOCK
 
@@ -119,9 +122,9 @@ def test_the_transforms_unrolled_loops_are_left_to_llvm_and_a_gemms_are_not():
 
 def test_random_annotations_compute_the_conv():
     # 3 sketches: the batched GEMM tiled in place, or into a cache stage at either tile level; the four transforms
-    # have one structure each (compiler.matrix_transform), where they gave 27 sketches when tiled like GEMMs
+    # have one structure each (compiler.schedule.matrix_transform), where they gave 27 sketches when tiled like GEMMs
     dag, args, want = _case(16, 16, 8, 8, 4, (1, 1, 1, 1), True, True, seed=3)
-    sketches = generate_sketches(dag, Target.host())
+    sketches = generate_sketches(dag, host_target())
     assert len(sketches) == 3
     for sk in sketches:
         transforms = sorted(r for r in sk.rules if r.startswith("transform("))
@@ -129,7 +132,7 @@ def test_random_annotations_compute_the_conv():
         assert sk.state.stage("conv_pack_rows").attach == ("conv_pack", "co")
         assert sk.state.stage("conv_inverse_rows").attach == ("conv_inverse", "fo")
     rng = np.random.default_rng(0)
-    lanes = max(1, Target.host().vector_bytes // 4)
+    lanes = max(1, host_target().vector_bytes // 4)
     picked = [sk for sk in sketches for _ in range(2)]
     states = [materialize(sk, sample(sk, rng, 2, lanes=lanes)) for sk in picked]
     kernels = compile_funcs([lower(st, f"k{i}") for i, st in enumerate(states)])

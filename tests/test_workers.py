@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from compiler.build import target_name
-from compiler.target import Target
-from compiler.tune import RETIME_ROUNDS
+from compiler.costs.records import target_name
+from compiler.search.task_scheduler import RETIME_ROUNDS
+from compiler.targets import host_target
 from server.db import session_scope
 from server.models import ArtifactRow, Job, JobPoint, MeasureBatch, ModelTask, Record, Team, UploadedModel, WorkerRow
 from server.settings import Settings
@@ -48,7 +48,7 @@ class Farm:
         )
         self.settings = Settings.from_env(self.env)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.fingerprint = Target.host().fingerprint()
+        self.fingerprint = host_target().fingerprint()
         self.queue = measure_queue(self.fingerprint)
 
     def start(self, name: str, role: str) -> str:
@@ -138,7 +138,7 @@ class Farm:
                 team_id=self.team_id,
                 model_id=model_id or self.model_id,
                 state="queued",
-                target=target_name(Target.host()),
+                target=target_name(host_target()),
                 host=self.fingerprint,
                 queue=self.queue,
                 trials=trials,
@@ -162,7 +162,7 @@ class Farm:
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    from compiler import examples
+    from tilefarm import examples
 
     root = tmp_path_factory.mktemp("farm")
     f = Farm(root)
@@ -235,14 +235,14 @@ def test_job_runs_to_the_end(farm):
     assert all(w.current_batch is None and w.kind == "cpu" and w.fingerprint == farm.fingerprint for w in measurers)
     assert workers["search1@test"].kind == "search" and workers["search1@test"].queues == ["search"]
     assert workers["measure1@test"].queues == [farm.queue]
-    assert workers["measure1@test"].target == dataclasses.asdict(Target.host())
+    assert workers["measure1@test"].target == dataclasses.asdict(host_target())
 
 
 def test_a_job_tunes_each_convs_other_form_and_counts_the_one_compile_takes(farm):
     """As `tilefarm tune`: the tasks of convs' other forms are tuned beside the model's (stored at weight 0), and the
     job's table and estimate count each such conv once, at the form compile would take (the faster, unless a tie)."""
-    from compiler.onnx_frontend import load
-    from compiler.tasks import chosen_form, tuning_plan
+    from compiler.model.onnx_import import load
+    from compiler.tensor.tasks import chosen_form, tuning_plan
     from tests.test_conv_forms import two_stage_model
 
     model = two_stage_model()
@@ -273,7 +273,7 @@ def test_a_job_tunes_each_convs_other_form_and_counts_the_one_compile_takes(farm
 def test_compile_artifact(farm):
     import onnxruntime as ort
 
-    from compiler.runtime import Artifact
+    from compiler.artifact.runtime import Artifact
 
     # xdist may give this test a worker (and so a farm) where the tiny CNN was never tuned, only other models: tune
     # it briefly then, so the compile always has records of the model's own tasks to take
@@ -284,7 +284,7 @@ def test_compile_artifact(farm):
         farm.wait_state(farm.new_job(trials=8, per_round=8), "succeeded", timeout=150)
     with session_scope(farm.settings) as s:
         a = ArtifactRow(
-            team_id=farm.team_id, model_id=farm.model_id, state="queued", target=target_name(Target.host()),
+            team_id=farm.team_id, model_id=farm.model_id, state="queued", target=target_name(host_target()),
             host=farm.fingerprint,
         )  # fmt: skip
         s.add(a)
@@ -389,12 +389,12 @@ def test_a_job_whose_weights_arrive_cold_has_them_flushed_on_the_measuring_worke
     """The search side's FarmRunner with cold_constants sends the task's constant inputs with the batch; the measuring
     worker's runner flushes them before each timed call, and its records and results say they were timed so. (The
     batch goes from FarmRunner to the worker's `_measure` in this process: an app that runs what it is sent.)"""
-    from compiler import ops, te
-    from compiler.dag import ComputeDAG
-    from compiler.default_schedule import default_schedule
-    from compiler.measure import MeasureInput
-    from compiler.records import COLD_WEIGHTS
-    from compiler.tasks import Task
+    from compiler.costs.measure import MeasureInput
+    from compiler.costs.records import COLD_WEIGHTS
+    from compiler.targets.cpu.default_schedule import default_schedule
+    from compiler.tensor import ops, te
+    from compiler.tensor.dag import ComputeDAG
+    from compiler.tensor.tasks import Task
     from server.database import SQLDatabase
     from workers import tasks as worker
     from workers.farm import FarmRunner, RunnerOptions
@@ -420,7 +420,7 @@ def test_a_job_whose_weights_arrive_cold_has_them_flushed_on_the_measuring_worke
 
     app = RunsWhatItIsSent()
     options = RunnerOptions(cold_constants=True, timeout=5.0)
-    runner = FarmRunner(settings, app, job_id=None, queue="q", host=Target.host().fingerprint(), options=options)
+    runner = FarmRunner(settings, app, job_id=None, queue="q", host=host_target().fingerprint(), options=options)
     [result] = runner.run([MeasureInput(task, default_schedule(dag).steps)], [])
     assert result.ok and result.cache == runner.cache == COLD_WEIGHTS, result.message
     assert app.sent[0]["constants"] == [1] and app.sent[0]["options"]["cold_constants"]

@@ -1,14 +1,15 @@
-"""tilefarm's public face: re-exports only; the compiler lives in `compiler/`."""
+"""tilefarm's public face: the compiler's entry points re-exported, the command line (`cli`), the service's client
+(`remote`) and launcher (`serve`), and ready-made example models (`examples`); the compiler lives in `compiler/`."""
 
-from compiler import ops, te
-from compiler.build import compile_model
-from compiler.codegen import compile_funcs, emit_shared_library
-from compiler.dag import ComputeDAG
-from compiler.errors import TilefarmError
-from compiler.lower import lower
-from compiler.runtime import Artifact
-from compiler.state import State, apply_steps, initial_state, step_from_record
-from compiler.target import Target
+from compiler.artifact.build import compile_model
+from compiler.artifact.runtime import Artifact
+from compiler.base.errors import TilefarmError
+from compiler.base.target import Target
+from compiler.schedule.lower import lower
+from compiler.schedule.state import State, apply_steps, initial_state, step_from_record
+from compiler.targets.cpu.codegen import compile_funcs, emit_shared_library
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
 
 __version__ = "0.1.0"
 __all__ = [

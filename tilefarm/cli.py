@@ -12,15 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler import hand_schedules, ops, te
-from compiler.codegen import assembly, compile_funcs, emit_shared_library, llvm_ir
-from compiler.dag import ComputeDAG
-from compiler.errors import TilefarmError
-from compiler.lower import infer_bound, lower
-from compiler.passes import OPTIONAL_PASSES
-from compiler.state import apply_steps, initial_state, step_from_record
-from compiler.target import FEATURES_ENV, Target
-from compiler.tasks import CONV_FORM_MODES, WEIGHT_MODES
+from compiler.base.errors import TilefarmError
+from compiler.base.target import Target
+from compiler.model.optimize import OPTIONAL_PASSES
+from compiler.schedule import hand_schedules
+from compiler.schedule.lower import infer_bound, lower
+from compiler.schedule.state import apply_steps, initial_state, step_from_record
+from compiler.targets import host_target
+from compiler.targets.cpu.codegen import assembly, compile_funcs, emit_shared_library, llvm_ir
+from compiler.targets.cpu.host import FEATURES_ENV
+from compiler.tensor import ops, te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import CONV_FORM_MODES, WEIGHT_MODES
 
 
 def _gemm(shape: list[int]):
@@ -68,7 +71,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: {args.schedule} must hold a JSON list of step records")
         steps = [step_from_record(r) for r in records]
         state = apply_steps(dag, steps)
-    print(f"workload {dag.workload_key}  {dag.flop_count / 1e9:.3f} GFLOP  target {Target.host().mcpu}")
+    print(f"workload {dag.workload_key}  {dag.flop_count / 1e9:.3f} GFLOP  target {host_target().mcpu}")
     print(infer_bound(state))
     func = lower(state, args.name)
     if args.show in ("loopir", "llvm", "asm"):
@@ -105,7 +108,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 
 
 def _load_model(path: str, shapes: str | None):
-    from compiler.onnx_frontend import load, parse_input_shapes
+    from compiler.model.onnx_import import load, parse_input_shapes
 
     if not Path(path).exists():
         raise SystemExit(f"error: no such model file: {path}")
@@ -126,7 +129,7 @@ def _disable_pass_option(p: argparse.ArgumentParser) -> None:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
-    from compiler.build import build
+    from compiler.artifact.build import build
 
     _check_target(args.target)
     _print_feature_edits()
@@ -139,7 +142,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
     )
     if info.forms:
-        from compiler.passes import describe_forms
+        from compiler.model.passes import describe_forms
 
         print(f"convs in another form than the rule's, faster in the records: {describe_forms(info.forms)}")
     return 0
@@ -148,13 +151,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def _check_target(target: str) -> Target:
     if target not in ("llvm", "cpu", "host"):
         raise SystemExit(f"error: target {target!r} is not supported yet; use 'llvm' (this host's CPU)")
-    return Target.host()
+    return host_target()
 
 
 def _records_source(args: argparse.Namespace):
     """The records named by --records FILE (which must exist) or --database URL; None when neither is given."""
     if args.records:
-        from compiler.records import JSONLinesDatabase
+        from compiler.costs.records import JSONLinesDatabase
 
         if not Path(args.records).exists():
             raise SystemExit(f"error: no such records file: {args.records}")
@@ -164,7 +167,7 @@ def _records_source(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an artifact on inputs from an .npz file (random inputs if none), optionally timing it."""
-    from compiler.runtime import Artifact
+    from compiler.artifact.runtime import Artifact
 
     art = Artifact.load(args.artifact)
     if args.inputs:
@@ -206,9 +209,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     --records, also what the records already hold for each task on this host and the trials still needed."""
     from collections import Counter
 
-    from compiler.build import cache_preference, target_name
-    from compiler.tasks import constant_bytes, extract_tasks
-    from compiler.tune import coverage
+    from compiler.costs.records import cache_preference, target_name
+    from compiler.search.task_scheduler import coverage
+    from compiler.tensor.tasks import constant_bytes, plan_tasks
 
     target = _check_target(args.target)
     if args.trials_per_task <= 0:
@@ -216,7 +219,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     graph = _load_model(args.model, args.input_shapes)
     print(f"{args.model}: inputs {[f'{v.name}{list(v.shape)}' for v in graph.inputs]}, {len(graph.nodes)} nodes")
     print("ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op for n in graph.nodes).most_common()))
-    tasks, calls, _ = extract_tasks(graph, args.disable_pass)
+    tasks, calls, _ = plan_tasks(graph, args.disable_pass)
     print(
         f"{len(tasks)} tasks ({len(calls)} kernel calls), {sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
     )
@@ -249,8 +252,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _tune_options(args: argparse.Namespace):
-    from compiler.search import SearchParams
-    from compiler.tune import TuneOptions
+    from compiler.search.evolution import SearchParams
+    from compiler.search.task_scheduler import TuneOptions
 
     if args.trials <= 0:
         raise SystemExit("error: --trials must be positive")
@@ -282,9 +285,9 @@ def _open_database(url: str):
 
 
 def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
-    from compiler.measure import LocalBuilder, LocalRunner
-    from compiler.records import JSONLinesDatabase
-    from compiler.tune import TaskScheduler
+    from compiler.costs.records import JSONLinesDatabase
+    from compiler.search.task_scheduler import TaskScheduler
+    from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 
     if args.database:
         db = _open_database(args.database)
@@ -336,8 +339,8 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
 def _cost_model(args: argparse.Namespace, database=None):
     """The model named by the options; with a SQL database (and no --model-file or --no-transfer), an XGBoost model
     whose prior is pre-trained on every record of this host class in that database."""
-    from compiler.cost_model import RandomModel, XGBModel
-    from compiler.records import RecordError
+    from compiler.costs.cost_model import RandomModel, XGBModel
+    from compiler.costs.records import RecordError
 
     if args.cost_model == "random":
         return RandomModel(args.seed)
@@ -348,9 +351,9 @@ def _cost_model(args: argparse.Namespace, database=None):
             raise RecordError(f"cannot load the cost model {args.model_file}: {e}") from None
     prior = None
     if database is not None and not args.no_transfer:
-        from compiler.transfer import ModelCache
+        from compiler.search.transfer import ModelCache
 
-        prior, line = ModelCache().load_or_train(database, database.identity, Target.host())
+        prior, line = ModelCache().load_or_train(database, database.identity, host_target())
         print(line, flush=True)
     return XGBModel(seed=args.seed, prior=prior)
 
@@ -359,13 +362,14 @@ def _print_feature_edits() -> None:
     """Say so where TILEFARM_CPU_FEATURES narrows the code: its records are filed apart from the host's own."""
     edits = os.environ.get(FEATURES_ENV, "").strip()
     if edits:
-        host = Target.host()
+        host = host_target()
         print(f"code for {host.mcpu} with {edits} ({FEATURES_ENV}): records filed under host {host.fingerprint()}")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_arrive_cold, weights_timed_cold
+    from compiler.search.task_scheduler import weights_timed_cold
+    from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_arrive_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
     print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
@@ -377,7 +381,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"than {FORM_MARGIN:.0%}"
         )
     if args.weights == "auto":
-        l3 = Target.host().l3_bytes
+        l3 = host_target().l3_bytes
         args.weights = "cold" if weights_timed_cold("auto", plan.calls, l3) else "warm"
         mb, l3_mb = constant_bytes(plan.calls) / 2**20, (l3 or 0) / 2**20
         measured = args.weights == "cold" and not weights_arrive_cold(plan.calls, l3)
@@ -388,7 +392,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_tune_kernel(args: argparse.Namespace) -> int:
     """Tune one kernel (gemm, conv2d or a test kernel) at a given shape."""
-    from compiler.tasks import Task
+    from compiler.tensor.tasks import Task
 
     inputs, output, _, _ = _kernel(args.name, [int(x) for x in args.shape.split(",")] if args.shape else [])
     dag = ComputeDAG([*inputs, output])
@@ -408,14 +412,14 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_records(args: argparse.Namespace) -> int:
     """Export records to a JSON-lines file with their provenance, or import one (importing twice adds nothing)."""
-    from compiler.records import read_records
+    from compiler.costs.records import read_records
 
     if args.action == "import" and not Path(args.file).exists():
         raise SystemExit(f"error: no such records file: {args.file}")
     if args.action == "export" and args.records and not Path(args.records).exists():
         raise SystemExit(f"error: no such records file: {args.records}")
     if args.records:
-        from compiler.records import JSONLinesDatabase
+        from compiler.costs.records import JSONLinesDatabase
 
         db = JSONLinesDatabase(args.records)
     else:
@@ -432,7 +436,7 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 def cmd_example(args: argparse.Namespace) -> int:
     """Write a ready-made ONNX model (random weights) to try tilefarm with, no download needed."""
-    from compiler import examples
+    from tilefarm import examples
 
     if args.name not in examples.EXAMPLES:
         raise SystemExit(f"error: unknown example {args.name!r}; choose from {', '.join(examples.EXAMPLES)}")
@@ -442,7 +446,7 @@ def cmd_example(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compiler.tune import TRIALS_PER_TASK
+    from compiler.search.task_scheduler import TRIALS_PER_TASK
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:  # the worker's options are its own (workers/worker.py), --help included

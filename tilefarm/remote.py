@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from compiler.errors import TilefarmError
+from compiler.base.errors import TilefarmError
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL_JOB = ("succeeded", "failed", "cancelled")
@@ -371,7 +371,7 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def _shapes(text: str | None) -> dict[str, list[int]] | None:
-    from compiler.onnx_frontend import parse_input_shapes
+    from compiler.model.onnx_import import parse_input_shapes
 
     return parse_input_shapes(text) if text else None
 

@@ -301,9 +301,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     example model, tune it, compile it, download the artifact, check and run it, then stop everything."""
     import numpy as np
 
-    from compiler import examples
-    from compiler.runtime import Artifact
+    from compiler.artifact.runtime import Artifact
     from server.settings import Settings
+    from tilefarm import examples
 
     if args.trials <= 0:
         raise SystemExit("error: --trials must be positive")

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from compiler import dag_json
-from compiler.measure import UNKNOWN, BuildResult, MeasureInput, MeasureResult
-from compiler.records import WARM, cache_condition
-from compiler.tasks import Task
+from compiler.costs.measure import UNKNOWN, BuildResult, MeasureInput, MeasureResult
+from compiler.costs.records import WARM, cache_condition
+from compiler.tensor import dag_json
+from compiler.tensor.tasks import Task
 from server.settings import Settings
 from workers import progress
 from workers.celery_app import MEASURE_BATCH
@@ -47,7 +47,7 @@ NEWER_OPTIONS = {"cold_constants": False}  # RunnerOptions fields a measuring wo
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """How the measuring worker builds and times candidates (compiler.measure.LocalBuilder / LocalRunner)."""
+    """How the measuring worker builds and times candidates (compiler.targets.cpu.runner.LocalBuilder / LocalRunner)."""
 
     build_timeout: float = 15.0
     timeout: float = 10.0

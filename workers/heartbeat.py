@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
-from compiler.target import Target
+from compiler.targets import host_target
 from server.settings import Settings
 from workers import progress
 from workers.celery_app import SEARCH_QUEUE
@@ -67,7 +67,7 @@ def _on_setup(sender=None, instance=None, **_) -> None:
     node.name = str(sender)
     queues = sorted(instance.app.amqp.queues.consume_from)
     node.reaps = SEARCH_QUEUE in queues
-    host = Target.host()
+    host = host_target()
     progress.register_worker(
         node.settings,
         node.name,

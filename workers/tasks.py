@@ -16,21 +16,14 @@ from typing import Any
 
 from celery.signals import worker_shutdown
 
-from compiler import dag_json
-from compiler.errors import TilefarmError
-from compiler.measure import (
-    INSTANTIATION,
-    UNKNOWN,
-    LocalBuilder,
-    LocalRunner,
-    MeasureInput,
-    MeasureResult,
-    measure,
-    to_record,
-)
-from compiler.state import step_from_record
-from compiler.target import Target
-from compiler.tasks import Task
+from compiler.base.errors import TilefarmError
+from compiler.base.target import Target
+from compiler.costs.measure import INSTANTIATION, UNKNOWN, MeasureInput, MeasureResult, measure, to_record
+from compiler.schedule.state import step_from_record
+from compiler.targets import host_target
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.tensor import dag_json
+from compiler.tensor.tasks import Task
 from server.catalog import records_db
 from server.database import SQLDatabase
 from server.settings import Settings
@@ -87,7 +80,7 @@ def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    host = Target.host()
+    host = host_target()
     cands = payload["candidates"]
     options = RunnerOptions(**payload.get("options", {}))
     if payload.get("host") not in (None, host.fingerprint()):
@@ -175,10 +168,10 @@ def compile_artifact(artifact_id: int) -> str:
     if job is None:
         return "stale"
     try:
-        from compiler.build import build
-        from compiler.onnx_frontend import load
+        from compiler.artifact.build import build
+        from compiler.model.onnx_import import load
 
-        host = Target.host().fingerprint()
+        host = host_target().fingerprint()
         if job.host != host:
             raise TilefarmError(f"the artifact is for host class {job.host}, but this worker is {host}")
         folder = settings.storage / "artifacts"
@@ -318,11 +311,11 @@ def _task_row(position: int, p, calls: int) -> dict[str, Any]:
 
 
 def _search(claim: progress.Claim) -> None:
-    from compiler.cost_model import XGBModel
-    from compiler.onnx_frontend import load
-    from compiler.tasks import tuning_plan, weights_timed_cold
-    from compiler.transfer import ModelCache
-    from compiler.tune import TaskScheduler, TuneOptions
+    from compiler.costs.cost_model import XGBModel
+    from compiler.model.onnx_import import load
+    from compiler.search.task_scheduler import TaskScheduler, TuneOptions, weights_timed_cold
+    from compiler.search.transfer import ModelCache
+    from compiler.tensor.tasks import tuning_plan
 
     # the model's tasks and its convs' other forms (as catalog.register_model stored them), each conv counted at the
     # form compile would take
@@ -345,7 +338,7 @@ def _search(claim: progress.Claim) -> None:
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache, or
         # the part of it the host keeps for them (measured, where this host is of the measuring class: a VM reports
         # its host's whole cache), meets them cold in every run, so its kernels are timed that way
-        here = target.fingerprint() == Target.host().fingerprint()
+        here = target.fingerprint() == host_target().fingerprint()
         cold = weights_timed_cold("auto", plan.calls, target.l3_bytes, probe=here)
         log.info("job %d: kernels timed with weights %s", claim.job_id, "cold" if cold else "warm")
         runner = FarmRunner(

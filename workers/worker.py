@@ -15,14 +15,14 @@ ROLES = ("all", "search", "measure")
 
 
 def default_queues(role: str) -> list[str]:
-    from compiler.target import Target
+    from compiler.targets import host_target
     from workers.celery_app import SEARCH_QUEUE, measure_queue
 
     queues = []
     if role in ("all", "search"):
         queues.append(SEARCH_QUEUE)
     if role in ("all", "measure"):
-        queues.append(measure_queue(Target.host().fingerprint()))
+        queues.append(measure_queue(host_target().fingerprint()))
     return queues
 
 

@@ -1,4 +1,4 @@
-"""workloads.dag_json: each workload's ComputeDAG in full (compiler.dag_json), so the cost model can be pre-trained
+"""workloads.dag_json: each workload's ComputeDAG in full (tensor/dag_json.py), so the cost model can be pre-trained
 on records of workloads that no model at hand contains
 
 Revision ID: 0002

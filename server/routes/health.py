@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import text
 
-from compiler.records import VERSION
+from compiler.costs.records import VERSION
 from server.auth import SettingsDep
 from server.db import engine_for
 from server.schemas import ErrorBody, Health, Unavailable

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from compiler.records import RecordError, TuningRecord
+from compiler.costs.records import RecordError, TuningRecord
 from server import storage, workloads
 from server.auth import SessionDep, SettingsDep, current_team
 from server.catalog import records_db

@@ -1,0 +1,119 @@
+"""Loading and running artifacts with ctypes and numpy only (no compiler, no llvmlite, no onnx needed).
+
+An artifact is one .tar: a shared library holding every kernel, the weights and an AOT entry point that runs the
+whole graph in one native call over a planned workspace; its C header; and meta.json (inputs, outputs, target,
+host, records used, the kernel call plan, sha256 of every file). `compiler.artifact.build` makes them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compiler.base.errors import TilefarmError
+from compiler.targets.cpu.sandbox import OPENMP_ENV, aligned_empty
+
+
+class ArtifactError(TilefarmError):
+    """An artifact that is missing a file, was tampered with, or was given the wrong inputs."""
+
+
+class Artifact:
+    """A compiled model: `Artifact.load(path).run({"x": array}) -> {"y": array}`."""
+
+    def __init__(self, meta: dict, lib: ctypes.CDLL, tmpdir: tempfile.TemporaryDirectory):
+        self.meta, self._lib, self._tmp = meta, lib, tmpdir
+        self._lib.tilefarm_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._lib.tilefarm_run.restype = ctypes.c_int
+        self._threads = ctypes.c_int.in_dll(lib, "tilefarm_num_threads")
+        self._workspace = aligned_empty((max(1, meta["workspace_bytes"]),), np.uint8)
+
+    @staticmethod
+    def load(path: str | Path) -> Artifact:
+        tmp = tempfile.TemporaryDirectory(prefix="tilefarm-")
+        try:
+            with tarfile.open(path) as tar:
+                tar.extractall(tmp.name, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            raise ArtifactError(f"cannot read artifact {path}: {e}") from None
+        root = Path(tmp.name)
+        try:
+            meta = json.loads((root / "meta.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"artifact {path} has no readable meta.json: {e}") from None
+        for f, digest in meta["sha256"].items():
+            if not (root / f).exists() or hashlib.sha256((root / f).read_bytes()).hexdigest() != digest:
+                raise ArtifactError(f"artifact {path}: {f} is missing or does not match its sha256 in meta.json")
+        # libgomp reads its wait policy once, when it loads with the library. Idle workers that spin steal the core a
+        # busy host's other work needs (ResNet-18 on 2 threads of a loaded 2-core host: 240 ms spinning, 90 ms
+        # passive, 85 ms on 1 thread), but workers that sleep at once must be woken for every parallel loop. A short
+        # spin (10k iterations, ~0.1 ms; what the tuner's measurements run with) keeps a model's back-to-back
+        # kernels fast and still lets idle workers sleep. OMP_WAIT_POLICY=active restores spinning for dedicated hosts.
+        for k, v in OPENMP_ENV.items():
+            os.environ.setdefault(k, v)
+        return Artifact(meta, ctypes.CDLL(str(root / meta["library"])), tmp)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i["name"] for i in self.meta["inputs"]]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = []
+        for spec in self.meta["inputs"]:
+            if spec["name"] not in inputs:
+                raise ArtifactError(f"missing input {spec['name']!r}; the model takes {self.input_names}")
+            a = np.asarray(inputs[spec["name"]], dtype=spec["dtype"], order="C")  # ascontiguousarray makes a scalar 1-D
+            if list(a.shape) != spec["shape"]:
+                raise ArtifactError(f"input {spec['name']!r} must have shape {spec['shape']}, got {list(a.shape)}")
+            args.append(a)
+        outs = [np.empty(o["shape"], o["dtype"]) for o in self.meta["outputs"]]
+        self._threads.value = int(os.environ.get("TILEFARM_NUM_THREADS", "0") or 0)
+        ins_p = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
+        outs_p = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        ws = self._workspace.ctypes.data
+        rc = self._lib.tilefarm_run(ins_p, outs_p, ctypes.c_void_p(ws))
+        if rc != 0:
+            raise ArtifactError(f"tilefarm_run returned {rc}")
+        self._last = (args, outs, ws)
+        return {o["name"]: a for o, a in zip(self.meta["outputs"], outs)}
+
+    def profile(self, inputs: dict[str, np.ndarray], repeat: int = 10) -> list[dict]:
+        """Median seconds of each kernel call in the plan, on the buffers of a full run, two ways: `seconds`, the call
+        made `repeat` times in a row (its weights and inputs hot in cache, as the tuner measures a task), and
+        `in_run`, each call timed while the whole plan runs in order `repeat` times (its memory as cold or warm as a
+        real run leaves it: a model whose weights outgrow the last-level cache reads them from DRAM every run)."""
+        self.run(inputs)
+        args, outs, ws = self._last
+        params = ctypes.addressof(ctypes.c_char.in_dll(self._lib, "tilefarm_params"))
+        base = {"input": [a.ctypes.data for a in args], "output": [o.ctypes.data for o in outs]}
+        calls = []
+        for call in self.meta["calls"]:
+            ptrs = [base[k][i] if k in base else (params if k == "param" else ws) + i for k, i in call["args"]]
+            fn = getattr(self._lib, call["kernel"])
+            fn.restype, fn.argtypes = None, [ctypes.c_void_p] * len(ptrs)
+            calls.append((fn, ptrs))
+        in_run = np.array([[_seconds(fn, ptrs) for fn, ptrs in calls] for _ in range(repeat)])
+        return [
+            {
+                "kernel": call["kernel"],
+                "task": call["task"],
+                "seconds": float(np.median([_seconds(fn, ptrs) for _ in range(repeat)])),
+                "in_run": float(np.median(in_run[:, k])),
+            }
+            for k, (call, (fn, ptrs)) in enumerate(zip(self.meta["calls"], calls))
+        ]
+
+
+def _seconds(fn, ptrs: list[int]) -> float:
+    """Wall time of one call."""
+    t = time.perf_counter()
+    fn(*ptrs)
+    return time.perf_counter() - t

@@ -1,0 +1,663 @@
+"""ONNX → Graph: fix input shapes, fold everything constant, infer static shapes, normalize every node.
+
+`load(model, input_shapes)` reads a model (path, bytes or ModelProto) of opset 11–21 (older default-domain opsets are
+first upgraded to 11 with onnx's version converter) and returns a `Graph` whose nodes follow the contract in
+`compiler.model.graph`. Steps, in order:
+
+1. parse and check (`onnx.checker`); anything malformed is an `InvalidModel`;
+2. give every graph input a static shape: `input_shapes` first, then a symbolic leading (batch) dim defaults to 1;
+3. repeat {infer shapes (`onnx.shape_inference`, data propagation on), fold every node whose inputs are all constant
+   (and `Shape`/`Size` of a statically shaped value), inline the branch an `If` with a constant condition takes,
+   replace an op without a converter that ONNX defines as a function of supported ops (Swish, GroupNormalization,
+   RMSNormalization, Shrink, ...) by that function's body} until nothing changes, so shape subgraphs such as
+   Shape → Gather → Concat → Reshape disappear;
+4. report every op that is left and unsupported in one `UnsupportedOp`, every value without a static shape as
+   `InvalidModel`;
+5. convert each node through its converter in `ONNX_OPS`. `Dropout` becomes `Identity`; `Identity` is kept (a later
+   pass removes both).
+
+Graph inputs and outputs keep their ONNX names (`gpu_0/data_0`), which is what a user feeds and reads; internal values
+get readable, unique names. The per-op converters of step 5 live in `converters.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.reference
+import onnx.version_converter
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.base import dtypes
+from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
+from compiler.model.graph import Graph, Node, TensorType, Value
+from compiler.model.onnx_import.converters import AXES_INPUT_FROM, FOLD_ONLY, ONNX_OPS, _CannotConvert, _Ctx
+
+__all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
+
+MIN_OPSET = 11
+INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's inliner expands their function bodies
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# ops whose outputs are random or depend on state: never evaluated at compile time
+NONDETERMINISTIC = {
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+}  # fmt: skip
+# op -> inputs that must be compile-time constants (they become attributes, or the op only ever folds)
+PARAM_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
+    "Squeeze": (1,), "Unsqueeze": (1,), **dict.fromkeys(AXES_INPUT_FROM, (1,)),
+    "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
+}  # fmt: skip
+# constants up to this many elements stay initializers during shape inference so data propagation can read them;
+# bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
+SMALL_CONST = 1024
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Graph:
+    """Import an ONNX model as a normalized Graph with static shapes; see the module docstring for the steps."""
+    proto = _prepare(_read(model))
+    state = _State(proto, _opset(proto))
+    state.fix_inputs(input_shapes or {})
+    state.fold_to_fixpoint()
+    state.check_supported()
+    state.check_static()
+    return state.convert()
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]]:
+    """Parse the CLI form `x:[1,3,224,224],y:[1,8]` (names may contain ':', e.g. `input:0:[1,8]`)."""
+    shapes: dict[str, list[int]] = {}
+    pos, text = 0, text.strip()
+    item = re.compile(r"\s*([^\[\],]+?):\[([^\]]*)\]\s*(?:,|$)")
+    while pos < len(text):
+        m = item.match(text, pos)
+        if not m:
+            raise InvalidModel(
+                f"cannot parse input shapes {text!r} at {text[pos:]!r}; expected e.g. 'x:[1,3,224,224],y:[1,8]'"
+            )
+        dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        if not all(re.fullmatch(r"\d+", d) for d in dims):
+            raise InvalidModel(f"input shape of {m.group(1)!r} must list non-negative integers, got [{m.group(2)}]")
+        shapes[m.group(1).strip()] = [int(d) for d in dims]
+        pos = m.end()
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # loading never changes the caller's model
+        return copy
+    if isinstance(model, (bytes, bytearray)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-like errors from the C++ parser
+            raise InvalidModel(f"not an ONNX model (protobuf parse failed: {e})") from None
+        return proto
+    path = Path(model)
+    if not path.is_file():
+        raise InvalidModel(f"no such model file: {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:
+        raise InvalidModel(f"{path} is not an ONNX model ({type(e).__name__}: {e})") from None
+
+
+def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Check the model, upgrade opsets older than 11 and inline model-local functions."""
+    if not proto.HasField("graph") or not proto.graph.output:
+        raise InvalidModel("not an ONNX model: it has no graph or the graph has no outputs")
+    _check(proto)
+    if _opset(proto) < 7:
+        proto = _per_channel_prelu(proto)
+    if _opset(proto) < MIN_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
+        except Exception as e:
+            raise InvalidModel(
+                f"opset {_opset(proto)} is older than {MIN_OPSET} and onnx could not upgrade it: {e}"
+            ) from None
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    return proto
+
+
+def _per_channel_prelu(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Before opset 7 a PRelu slope of C values applied per channel (axis 1, as PyTorch exported it); from opset 7
+    on it broadcasts numpy-style from the last axis, and onnx's version converter does not move it, so the slope
+    initializer (read by that PRelu alone) is reshaped to [C, 1, ...] here, and so is its graph input (IR < 4 lists
+    initializers as inputs)."""
+    proto = onnx.shape_inference.infer_shapes(proto)
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*proto.graph.input, *proto.graph.value_info]}
+    inits = {t.name: t for t in proto.graph.initializer}
+    readers = [name for node in proto.graph.node for name in node.input]
+    for node in (n for n in proto.graph.node if n.op_type == "PRelu"):
+        slope, rank = inits.get(node.input[1]), ranks.get(node.input[0], 0)
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] == 1 or rank < 3 or readers.count(slope.name) > 1:
+            continue
+        shape = [slope.dims[0]] + [1] * (rank - 2)
+        slope.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(slope).reshape(shape), slope.name))
+        typed = helper.make_tensor_type_proto(slope.data_type, shape)
+        for vi in proto.graph.input:
+            if vi.name == slope.name:
+                vi.type.CopyFrom(typed)
+    return proto
+
+
+def _check(proto: onnx.ModelProto) -> None:
+    if any(not o.type.tensor_type.HasField("shape") for o in proto.graph.output):
+        # exporters may leave an output's shape unset (onnxruntime accepts that; onnx's checker does not):
+        # fill it from shape inference first
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto)
+        except Exception:
+            inferred = proto
+        for out, new in zip(proto.graph.output, inferred.graph.output):
+            if not out.type.tensor_type.HasField("shape") and new.type.tensor_type.HasField("shape"):
+                out.type.CopyFrom(new.type)
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidModel(f"the model fails onnx.checker: {first}") from None
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    versions = [o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS]
+    return versions[0] if versions else MIN_OPSET
+
+
+# ---------------------------------------------------------------------------------------------- types
+
+
+@dataclass
+class _Type:
+    elem: int  # onnx TensorProto element type, 0 when unknown
+    shape: tuple[int, ...] | None  # None when unknown or not fully static
+
+    @property
+    def static(self) -> bool:
+        return self.elem != 0 and self.shape is not None
+
+
+def _type_of(vi: onnx.ValueInfoProto) -> _Type:
+    if not vi.type.HasField("tensor_type"):
+        return _Type(0, None)
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return _Type(tt.elem_type, None)
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return _Type(tt.elem_type, None if None in dims else tuple(dims))
+
+
+def _np_dtype(elem: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+
+
+def _dtype_name(elem: int, what: str) -> str:
+    try:
+        return dtypes.check(str(_np_dtype(elem)))
+    except (UnsupportedDType, TypeError, KeyError) as e:
+        name = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else str(elem)
+        raise UnsupportedDType(f"{what} has ONNX dtype {name}, which tilefarm does not support ({e})") from None
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+
+
+# ---------------------------------------------------------------------------------------------- import state
+
+
+class _State:
+    """The model while it is folded and inferred: remaining nodes, constants by name, types by name."""
+
+    def __init__(self, proto: onnx.ModelProto, opset: int):
+        g = proto.graph
+        self.proto, self.opset = proto, opset
+        self.nodes: list[onnx.NodeProto] = [_named(n, i) for i, n in enumerate(g.node)]
+        self.consts: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            self.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
+        for t in g.sparse_initializer:
+            self.consts[t.values.name] = _to_array(t, f"sparse initializer {t.values.name!r}")
+        self.inputs = [vi for vi in g.input if vi.name not in self.consts]
+        self.outputs = [vi.name for vi in g.output]
+        self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
+        self.kept: set[str] = set()  # names of nodes whose function body could not be inlined
+
+    # -- step 2: static input shapes
+
+    def fix_inputs(self, given: dict[str, list[int]]) -> None:
+        names = [vi.name for vi in self.inputs]
+        unknown = [n for n in given if n not in names]
+        if unknown:
+            raise InvalidModel(
+                f"--input-shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
+                f"{', '.join(map(repr, names))}"
+            )
+        symbols = self._bind_symbols(given)
+        for vi in self.inputs:
+            self.types[vi.name] = _Type(vi.type.tensor_type.elem_type, self._input_shape(vi, given, symbols))
+
+    def _bind_symbols(self, given: dict[str, list[int]]) -> dict[str, int]:
+        """dim_param name -> size, from the shapes the user gave, so `batch` fixed on one input fixes it everywhere."""
+        symbols: dict[str, int] = {}
+        for vi in self.inputs:
+            if vi.name in given and vi.type.tensor_type.HasField("shape"):
+                dims = vi.type.tensor_type.shape.dim
+                if len(dims) == len(given[vi.name]):
+                    for d, size in zip(dims, given[vi.name]):
+                        if d.dim_param:
+                            symbols.setdefault(d.dim_param, size)
+        return symbols
+
+    def _input_shape(self, vi: onnx.ValueInfoProto, given: dict[str, list[int]], symbols: dict[str, int]):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InvalidModel(f"input {vi.name!r} is not a tensor; tilefarm compiles tensor inputs only")
+        if vi.name in given:
+            shape = tuple(given[vi.name])
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if len(dims) != len(shape):
+                    raise InvalidModel(f"input {vi.name!r} has rank {len(dims)} but --input-shapes gives {list(shape)}")
+                for i, (d, size) in enumerate(zip(dims, shape)):
+                    if d.HasField("dim_value") and d.dim_value != size:
+                        raise InvalidModel(
+                            f"input {vi.name!r} dim {i} is {d.dim_value} in the model but --input-shapes gives {size}"
+                        )
+            return shape
+        if not tt.HasField("shape"):
+            raise InvalidModel(
+                f"input {vi.name!r} has no shape in the model; pass it with --input-shapes "
+                f"(e.g. {vi.name}:[1,3,224,224])"
+            )
+        shape = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif d.dim_param in symbols:
+                shape.append(symbols[d.dim_param])
+            elif i == 0:
+                shape.append(1)  # an unknown leading dim is the batch: compile for one sample
+            else:
+                what = f"'{d.dim_param}'" if d.dim_param else "unknown"
+                example = ",".join(str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim)
+                raise InvalidModel(
+                    f"input {vi.name!r} dim {i} is {what}; fix it with --input-shapes (e.g. {vi.name}:[{example}])"
+                )
+        return tuple(shape)
+
+    # -- step 3: fold and infer
+
+    def fold_to_fixpoint(self) -> None:
+        self.infer()
+        while self.fold() or self.expand_functions():
+            self.infer()
+
+    def expand_functions(self) -> bool:
+        """Replace ops tilefarm lacks by the function ONNX defines them with (Swish, GroupNormalization, ...),
+        where every op of that function is supported."""
+        functions, nodes, calls = [], [], {}
+        for node in self.nodes:
+            found = None if node.op_type in ONNX_OPS or node.name in self.kept else self._function(node)
+            if found is None:
+                nodes.append(node)
+                continue
+            call, body = found
+            call.domain = body.domain = INLINE_DOMAIN
+            call.op_type = body.name = f"{node.op_type}_{len(functions)}"
+            # a body written for an older opset still holds at the model's (ONNX adds a version when it would not)
+            del body.opset_import[:]
+            body.opset_import.append(helper.make_opsetid("", self.opset))
+            functions.append(body)
+            nodes.append(call)
+            calls[call.op_type] = node
+        if not functions:
+            return False
+        imports = [*self.proto.opset_import, helper.make_opsetid(INLINE_DOMAIN, 1)]
+        model = helper.make_model(
+            helper.make_graph(nodes, "expand", [], []), opset_imports=imports, functions=functions
+        )
+        inlined = onnx.inliner.inline_local_functions(model).graph.node
+        left = [calls[n.op_type] for n in inlined if n.domain == INLINE_DOMAIN]
+        self.kept.update(n.name for n in left)  # the inliner declined these: they stay and are reported
+        self.nodes = [
+            calls.get(n.op_type, n) if n.domain == INLINE_DOMAIN else _named(n, i) for i, n in enumerate(inlined)
+        ]
+        return len(left) < len(functions)
+
+    def _type_proto(self, name: str) -> onnx.TypeProto:
+        if name in self.consts:
+            a = self.consts[name]
+            return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        t = self.types.get(name)
+        return helper.make_tensor_type_proto(t.elem, t.shape) if t is not None else onnx.TypeProto()
+
+    def _function(self, node: onnx.NodeProto) -> tuple[onnx.NodeProto, onnx.FunctionProto] | None:
+        """The ONNX function body of `node`'s op at this opset, if it has one made only of supported ops, and a copy
+        of the node with every attribute default spelled out (the body reads attributes by reference)."""
+        if node.domain not in DEFAULT_DOMAINS:
+            return None
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opset)
+        except onnx.defs.SchemaError:
+            return None
+        full = onnx.NodeProto()
+        full.CopyFrom(node)
+        given = {a.name for a in node.attribute}
+        full.attribute.extend(a.default_value for name, a in schema.attributes.items()
+                              if name not in given and a.default_value.type != 0)  # fmt: skip
+        versions = [v for v in schema.function_opset_versions if v <= self.opset]
+        context_versions = [v for v in schema.context_dependent_function_opset_versions if v <= self.opset]
+        body = onnx.FunctionProto()
+        if versions:
+            body.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+        elif context_versions:
+            types = [self._type_proto(n) for n in node.input]
+            if any(not t.HasField("tensor_type") or t.tensor_type.elem_type == 0 for t in types):
+                return None
+            body.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+                max(context_versions), full.SerializeToString(), [t.SerializeToString() for t in types]))  # fmt: skip
+        else:
+            return None
+        if not all(n.op_type in ONNX_OPS and n.domain in DEFAULT_DOMAINS for n in body.node):
+            return None
+        return full, body
+
+    def infer(self) -> None:
+        g = helper.make_graph(
+            self.nodes,
+            "infer",
+            [
+                helper.make_tensor_value_info(vi.name, self.types[vi.name].elem, self.types[vi.name].shape)
+                for vi in self.inputs
+            ]
+            + [
+                helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                for n, a in self.consts.items()
+                if a.size > SMALL_CONST
+            ],
+            [helper.make_empty_tensor_value_info(n) for n in self.outputs],
+            initializer=[numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= SMALL_CONST],
+        )
+        model = helper.make_model(g, opset_imports=self.proto.opset_import, ir_version=max(self.proto.ir_version, 4))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as e:
+            raise InvalidModel(f"shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            t = _type_of(vi)
+            if t.elem != 0 or vi.name not in self.types:
+                self.types[vi.name] = t
+
+    def fold(self) -> bool:
+        kept: list[onnx.NodeProto] = []
+        changed = self._empty_values_are_constants()
+        for node in self.nodes:
+            if all(self._empty(n) for n in node.output if n):
+                changed = True
+                continue  # `_empty_values_are_constants` gave its outputs
+            branch = self._constant_branch(node)
+            if branch is not None:
+                kept.extend(branch)
+                changed = True
+                continue
+            values = self._evaluate(node)
+            if values is None:
+                kept.append(node)
+                continue
+            for name, value in zip(node.output, values):
+                if name:
+                    self.consts[name] = self._as_inferred(name, np.asarray(value))
+            changed = True
+        self.nodes = kept
+        return changed
+
+    def _empty(self, name: str) -> bool:
+        t = self.types.get(name)
+        return t is not None and t.static and math.prod(t.shape) == 0
+
+    def _empty_values_are_constants(self) -> bool:
+        """A tensor with no elements is known from its type alone: it becomes a constant, so what reads it folds
+        (a reduction over an empty axis, a Concat part of size 0), since kernels have no zero-sized loops."""
+        empty = [n for n in self.types if n not in self.consts and self._empty(n)]
+        for name in empty:
+            self.consts[name] = np.zeros(self.types[name].shape, _np_dtype(self.types[name].elem))
+        return bool(empty)
+
+    def _constant_branch(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        """The nodes of the branch an `If` with a constant condition takes (exporters leave such shape checks)."""
+        if node.op_type != "If" or node.domain not in DEFAULT_DOMAINS or node.input[0] not in self.consts:
+            return None
+        which = "then_branch" if bool(self.consts[node.input[0]].reshape(-1)[0]) else "else_branch"
+        branch = next(helper.get_attribute_value(a) for a in node.attribute if a.name == which)
+        for t in branch.initializer:
+            self.consts[t.name] = _to_array(t, f"initializer {t.name!r} of {node.name!r}")
+        body = [_named(n, 0) for n in branch.node]
+        for k, n in enumerate(body):
+            n.name = n.name or f"{node.name}_{which}_{k}"
+        # the branch's outputs take the If's output names through Identity, which folds or is removed later
+        body += [helper.make_node("Identity", [o.name], [name], name=f"{node.name}_{name}")
+                 for o, name in zip(branch.output, node.output) if name]  # fmt: skip
+        return body
+
+    def _as_inferred(self, name: str, value: np.ndarray) -> np.ndarray:
+        # the reference evaluator occasionally widens dtypes; the model's declared type wins
+        t = self.types.get(name)
+        if t is not None and t.elem != 0 and value.dtype != object:
+            want = _np_dtype(t.elem)
+            if value.dtype != want:
+                value = value.astype(want)
+        return value
+
+    def _evaluate(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
+        """The outputs of `node` if they can be computed now, else None."""
+        if node.domain not in DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC:
+            return None
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None
+        if node.op_type in ("Shape", "Size") and node.input[0] not in self.consts:
+            t = self.types.get(node.input[0])
+            if t is None or t.shape is None:
+                return None
+            return [_shape_op(node, t.shape)]
+        args = [n for n in node.input if n]
+        if node.op_type == "CastLike" and node.input[0] in self.consts and self.types.get(node.input[1]):
+            if self.types[node.input[1]].elem:  # only the type of the second input matters
+                return [self.consts[node.input[0]].astype(_np_dtype(self.types[node.input[1]].elem))]
+        if not all(n in self.consts for n in args):
+            return None
+        if node.op_type == "Identity":
+            return [self.consts[node.input[0]]]
+        if node.op_type == "ConstantOfShape":
+            return [_constant_of_shape(node, self.consts[node.input[0]])]
+        try:
+            with np.errstate(all="ignore"):  # log(0) = -inf and the like fold as they compute at run time
+                return onnx.reference.ReferenceEvaluator(node, opsets={"": self.opset}).run(
+                    None, {n: self.consts[n] for n in args}
+                )
+        except Exception:
+            return None  # left as a node: either supported at run time or reported as unsupported
+
+    # -- step 4: checks
+
+    def check_supported(self) -> None:
+        ops: dict[str, list[str]] = {}
+        notes = []
+        for node in self.nodes:
+            name = node.name
+            if node.domain not in DEFAULT_DOMAINS:
+                ops.setdefault(f"{node.domain}.{node.op_type}", []).append(name)
+            elif node.op_type not in ONNX_OPS:
+                ops.setdefault(node.op_type, []).append(name)
+            elif node.op_type in FOLD_ONLY or self._runtime_params(node):
+                ops.setdefault(node.op_type, []).append(name)
+                notes.append(self._runtime_note(node, name))
+        if ops:
+            raise UnsupportedOp(ops, notes)
+
+    def _runtime_params(self, node: onnx.NodeProto) -> list[int]:
+        slots = PARAM_INPUTS.get(node.op_type, ())
+        return [i for i in slots if i < len(node.input) and node.input[i] and node.input[i] not in self.consts]
+
+    def _runtime_note(self, node: onnx.NodeProto, name: str) -> str:
+        if node.op_type in FOLD_ONLY and not self._runtime_params(node):
+            return f"{node.op_type} node {name!r} must fold to a constant, but could not be evaluated at compile time"
+        schema = onnx.defs.get_schema(node.op_type, self.opset)
+        slots = ", ".join(
+            f"{node.input[i]!r} ({schema.inputs[min(i, len(schema.inputs) - 1)].name})"
+            for i in self._runtime_params(node)
+        )
+        return (
+            f"{node.op_type} node {name!r}: input {slots} must be a compile-time constant, but is computed at run time"
+        )
+
+    def check_static(self) -> None:
+        for node in self.nodes:
+            for out in node.output:
+                t = self.types.get(out)
+                if out and (t is None or not t.static):
+                    raise InvalidModel(
+                        f"the shape of {out!r} (output of {node.op_type} node {node.name!r}) is not static "
+                        "after shape inference and constant folding; fix the input shapes with --input-shapes"
+                    )
+        for out in self.outputs:
+            if out not in self.consts and not (out in self.types and self.types[out].static):
+                raise InvalidModel(
+                    f"graph output {out!r} has no static shape; fix the input shapes with --input-shapes"
+                )
+
+    # -- step 5: convert
+
+    def convert(self) -> Graph:
+        conv = _Converter(self)
+        return conv.run()
+
+
+def _named(node: onnx.NodeProto, index: int) -> onnx.NodeProto:
+    """A copy of the node with a name to report: its own, or op_type and position in the model."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.name = node.name or f"{node.op_type}_{index}"
+    return copy
+
+
+def _to_array(t, what: str) -> np.ndarray:
+    try:
+        if isinstance(t, onnx.SparseTensorProto):
+            return _dense(t)
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise InvalidModel(f"cannot read {what}: {e}") from None
+
+
+def _dense(t: onnx.SparseTensorProto) -> np.ndarray:
+    values, indices = numpy_helper.to_array(t.values), numpy_helper.to_array(t.indices)
+    dense = np.zeros(math.prod(t.dims), values.dtype)
+    # indices are either flat positions [NNZ] or coordinates [NNZ, rank]
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), tuple(t.dims))
+    dense[flat] = values
+    return dense.reshape(tuple(t.dims))
+
+
+def _shape_op(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    if node.op_type == "Size":
+        return np.array(math.prod(shape), dtype=np.int64)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+    return np.array(shape[slice(start, end)], dtype=np.int64)
+
+
+def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> np.ndarray:
+    fill = np.zeros(1, np.float32)
+    for a in node.attribute:
+        if a.name == "value":
+            fill = numpy_helper.to_array(a.t).reshape(-1)
+    return np.full(tuple(int(s) for s in shape), fill[0], dtype=fill.dtype)
+
+
+class _Converter:
+    def __init__(self, state: _State):
+        self.s = state
+        # graph inputs and outputs keep the model's own names, which users feed and read; no code uses a value's name
+        # as an identifier (tasks and codegen make their own), so internal values are only made readable and unique
+        self.kept = {vi.name for vi in state.inputs} | set(state.outputs)
+        self.names: set[str] = set(self.kept)
+        self.values: dict[str, Value] = {}
+
+    def unique(self, name: str) -> str:
+        base = _sanitize(name)
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def value(self, name: str) -> Value:
+        if name not in self.values:
+            const = self.s.consts.get(name)
+            if const is not None:
+                elem = TensorProto.STRING if const.dtype == object else helper.np_dtype_to_tensor_dtype(const.dtype)
+                shape, dtype = const.shape, _dtype_name(elem, f"constant {name!r}")
+            else:
+                t = self.s.types[name]
+                shape, dtype = t.shape, _dtype_name(t.elem, f"value {name!r}")
+            own = name if name in self.kept else self.unique(name)
+            self.values[name] = Value(own, TensorType(tuple(shape), dtype), const)
+        return self.values[name]
+
+    def run(self) -> Graph:
+        s = self.s
+        inputs = [self.value(vi.name) for vi in s.inputs]
+        used = {n for node in s.nodes for n in node.input if n} | set(s.outputs)
+        nodes: list[Node] = []
+        errors: dict[str, list[str]] = {}
+        notes: list[str] = []
+        for p in s.nodes:
+            name = p.name
+            ctx = _Ctx(
+                op=p.op_type,
+                name=_sanitize(name),
+                opset=s.opset,
+                attrs={a.name: _attr_value(a) for a in p.attribute},
+                inputs=[self.value(n) if n else None for n in p.input],
+                outputs=[self.value(n) if n else None for n in p.output],
+                used=used,
+                conv=self,
+                onnx_outputs=list(p.output),
+            )
+            try:
+                nodes.extend(ONNX_OPS[p.op_type](ctx))
+            except _CannotConvert as e:
+                errors.setdefault(p.op_type, []).append(name)
+                notes.append(e.note)
+        if errors:
+            raise UnsupportedOp(errors, notes)
+        return Graph(inputs, [self.value(n) for n in s.outputs], nodes, _sanitize(s.proto.graph.name or "graph"))
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode() for x in v]
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    return v

@@ -1,0 +1,234 @@
+"""Graph rewrites: pure Graph -> Graph functions (identity removal, BatchNorm folding, Gemm as MatMul, Winograd and
+channel-blocked convs) and the op patterns fusion and layout propagation read. `optimize` runs them in order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from compiler.model.graph import Graph, Node, TensorType, Value, toposort
+from compiler.model.winograd import winograd_matrices, winograd_weight
+
+# op patterns, weakest first (TVM's OpPatternKind)
+ELEMWISE, BROADCAST, INJECTIVE, REDUCE, ANCHOR, OPAQUE = range(6)
+_UNARY = (
+    "Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Exp Log Sqrt Reciprocal Neg Abs Floor Ceil Round"
+    " Sign Not Cast Clip Elu Selu Softplus Sin Cos Identity Dropout"
+)
+_BINARY = "Add Sub Mul Div Pow Max Min Equal Less Greater LessOrEqual GreaterOrEqual Where And Or Mod PRelu Sum Mean"
+_INJECTIVE = "NCHWcToNCHW Reshape Flatten Transpose Concat Split Slice Squeeze Unsqueeze Gather Expand Tile Pad Resize"
+_REDUCE = "ReduceMean ReduceSum ReduceMax ReduceMin"
+_ANCHOR = (
+    "Conv BlockedConv WinogradConv ConvTranspose MatMul Gemm Dense MaxPool AveragePool GlobalAveragePool GlobalMaxPool"
+)
+PATTERNS: dict[str, int] = {
+    **dict.fromkeys(_UNARY.split(), ELEMWISE),
+    **dict.fromkeys(_BINARY.split(), BROADCAST),
+    **dict.fromkeys(_INJECTIVE.split(), INJECTIVE),
+    **dict.fromkeys(_REDUCE.split(), REDUCE),
+    **dict.fromkeys(_ANCHOR.split(), ANCHOR),
+}  # anything else (Softmax, LayerNormalization, BatchNormalization, …) is OPAQUE: a task of its own
+
+
+def pattern(node: Node) -> int:
+    return PATTERNS.get(node.op, OPAQUE)
+
+
+# ---------------------------------------------------------------------------------------------- simplification
+
+
+def _rewire(g: Graph, mapping: dict[int, Value], nodes: list[Node]) -> Graph:
+    """The graph with `nodes`, every input in `mapping` (by id) replaced."""
+
+    def sub(v):
+        while v is not None and id(v) in mapping:
+            v = mapping[id(v)]
+        return v
+
+    new_nodes = [replace(n, inputs=tuple(sub(v) for v in n.inputs)) for n in nodes]
+    outputs = [sub(v) for v in g.outputs]
+    return Graph(g.inputs, outputs, toposort(new_nodes), g.name)
+
+
+def remove_identity(g: Graph) -> Graph:
+    """Identity and (inference) Dropout forward their input; a graph output keeps its own name via a copy."""
+    mapping: dict[int, Value] = {}
+    keep = []
+    outputs = {id(v) for v in g.outputs}
+    for n in g.nodes:
+        if n.op in ("Identity", "Dropout") and id(n.outputs[0]) not in outputs:
+            mapping[id(n.outputs[0])] = n.inputs[0]
+            if len(n.outputs) > 1 and n.outputs[1] is not None:
+                keep.append(n)  # Dropout's mask output is used: leave it alone
+                del mapping[id(n.outputs[0])]
+        else:
+            keep.append(n)
+    return _rewire(g, mapping, keep)
+
+
+def fold_batchnorm(g: Graph) -> Graph:
+    """Conv followed by BatchNormalization with constant statistics becomes one Conv with rescaled weights."""
+    consumers = g.consumers()
+    producers = g.producers()
+    mapping: dict[int, Value] = {}
+    drop: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for bn in g.nodes:
+        if bn.op != "BatchNormalization" or any(v is None or v.const is None for v in bn.inputs[1:5]):
+            continue
+        conv = producers.get(id(bn.inputs[0]))
+        if conv is None or conv.op != "Conv" or len(consumers.get(id(conv.outputs[0]), [])) != 1:
+            continue
+        w = conv.inputs[1]
+        if (
+            w is None
+            or w.const is None
+            or (len(conv.inputs) > 2 and conv.inputs[2] is not None and conv.inputs[2].const is None)
+        ):
+            continue
+        scale, shift, mean, var = (v.const.astype(np.float64) for v in bn.inputs[1:5])
+        k = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        bias = conv.inputs[2].const.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0.0
+        dt = w.const.dtype
+        new_w = Value(f"{w.name}_bn", w.type, (w.const * k.reshape(-1, 1, 1, 1)).astype(dt))
+        b_type = TensorType((w.shape[0],), w.dtype)
+        new_b = Value(f"{bn.outputs[0].name}_bias", b_type, ((bias - mean) * k + shift).astype(dt))
+        replaced[id(conv)] = replace(conv, inputs=(conv.inputs[0], new_w, new_b), outputs=(bn.outputs[0],))
+        drop.add(id(bn))
+    nodes = [replaced.get(id(n), n) for n in g.nodes if id(n) not in drop]
+    return _rewire(g, mapping, nodes)
+
+
+def gemm_to_matmul(g: Graph) -> Graph:
+    """Gemm with a constant B becomes MatMul with the weight laid out K x N at compile time (+ Add of C): the
+    layout the vectorized inner loop wants, paid once instead of at every run."""
+    nodes = []
+    for n in g.nodes:
+        a, b = n.inputs[0], n.inputs[1] if len(n.inputs) > 1 else None
+        if n.op != "Gemm" or b is None or b.const is None or n.attrs.get("transA", 0):
+            nodes.append(n)
+            continue
+        w = b.const.T if n.attrs.get("transB", 0) else b.const
+        w = np.ascontiguousarray(w * np.asarray(n.attrs.get("alpha", 1.0), w.dtype))
+        weight = Value(f"{b.name}_kn", TensorType(w.shape, b.dtype), w)
+        c = n.inputs[2] if len(n.inputs) > 2 else None
+        if c is None:
+            nodes.append(Node("MatMul", (a, weight), n.outputs, {}, n.name))
+            continue
+        mm = Value(f"{n.outputs[0].name}_mm", n.outputs[0].type)
+        beta = n.attrs.get("beta", 1.0)
+        if beta != 1.0:
+            if c.const is None:
+                nodes.append(n)
+                continue
+            c = Value(f"{c.name}_beta", c.type, (c.const * np.asarray(beta, c.const.dtype)).astype(c.const.dtype))
+        nodes += [Node("MatMul", (a, weight), (mm,), {}, n.name), Node("Add", (mm, c), n.outputs, {}, f"{n.name}_bias")]
+    return Graph(g.inputs, g.outputs, toposort(nodes), g.name)
+
+
+CONV_BLOCK = 16  # output channels per weight block: one AVX-512 vector of fp32, two AVX2 ones
+
+
+def pack_conv_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """An F x C x KH x KW conv weight laid out F/block x C x KH x KW x block."""
+    F, C, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
+def block_conv_input_channels(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """A blocked weight F/b x C x KH x KW x b laid out F/b x C/block x KH x KW x block x b, for NCHWc data."""
+    Fb, C, KH, KW, b = w.shape
+    return np.ascontiguousarray(w.reshape(Fb, C // block, block, KH, KW, b).transpose(0, 1, 3, 4, 2, 5))
+
+
+WINOGRAD_TILE = 4  # output tile m of F(m x m, 3 x 3): 36 multiplies for 16 outputs instead of 144
+WINOGRAD_SMALL_TILE = 2  # F(2 x 2, 3 x 3): 16 multiplies for 4 outputs, for images too small for 4x4 tiles
+WINOGRAD_MIN_TILES = 16  # fewer tiles per image leave each transformed weight too little reuse
+DIRECT = 0  # the form of a conv left direct; a form m > 0 is Winograd F(m x m, 3 x 3)
+
+
+def winograd_tiles(n: Node, tile: int = WINOGRAD_TILE) -> int:
+    """How many output tiles `n` would split into as a WinogradConv, or 0 if it cannot be one: a 2-D Conv with a
+    constant 3x3 weight, stride 1, dilation 1, one group, and input and output channels in CONV_BLOCK blocks."""
+    if n.op != "Conv" or len(n.inputs) < 2 or n.inputs[1] is None or n.inputs[1].const is None:
+        return 0
+    x, w = n.inputs[0], n.inputs[1]
+    if x is None or len(x.shape) != 4 or len(w.shape) != 4 or tuple(w.shape[2:]) != (3, 3):
+        return 0
+    a = n.attrs
+    if a.get("group", 1) != 1 or tuple(a.get("strides") or (1, 1)) != (1, 1):
+        return 0
+    if tuple(a.get("dilations") or (1, 1)) != (1, 1) or w.shape[0] % CONV_BLOCK or w.shape[1] % CONV_BLOCK:
+        return 0
+    pt, pl, pb, pr = a.get("pads") or (0, 0, 0, 0)
+    oh, ow = x.shape[2] + pt + pb - 2, x.shape[3] + pl + pr - 2
+    return x.shape[0] * -(-oh // tile) * -(-ow // tile) if oh > 0 and ow > 0 else 0
+
+
+def conv_forms(n: Node) -> tuple[int, ...]:
+    """The forms node `n` can be compiled in, the rule's choice first, () for a node that is not such a conv: a
+    conv with WINOGRAD_MIN_TILES 4x4 output tiles is F(4x4) by rule, or direct; a smaller one (ResNet's 7x7 stage)
+    is direct by rule, or F(2x2) if that gives the tiles. Which is faster depends on the host (its caches against
+    the transformed weight's size) and the thread count, so tuning may measure both (`tasks.form_choices`) and
+    compile take the faster (`build.choose_forms`); without records the rule decides."""
+    if not winograd_tiles(n):
+        return ()
+    if winograd_tiles(n, WINOGRAD_TILE) >= WINOGRAD_MIN_TILES:
+        return (WINOGRAD_TILE, DIRECT)
+    if winograd_tiles(n, WINOGRAD_SMALL_TILE) >= WINOGRAD_MIN_TILES:
+        return (DIRECT, WINOGRAD_SMALL_TILE)
+    return (DIRECT,)
+
+
+def describe_forms(forms: Mapping[str, int]) -> str:
+    """Convs' forms by node name, as text: "conv_151 Winograd F(2x2), conv_9 direct"."""
+    return ", ".join(f"{node} {'direct' if m == DIRECT else f'Winograd F({m}x{m})'}" for node, m in forms.items())
+
+
+def winograd_convs(g: Graph, forms: Mapping[str, int] | None = None) -> Graph:
+    """A 3x3 stride-1 Conv with a constant weight becomes a WinogradConv (compiler.tensor.ops.winograd) with its weight
+    transformed at compile time in the form `conv_forms` gives first (F(4x4) where the image has at least
+    WINOGRAD_MIN_TILES 4x4 tiles: a quarter of the direct conv's multiplies; smaller images, ResNet's 7x7 stage,
+    stay direct), or in the form `forms` names for the node (by node name) if it is one of its `conv_forms`.
+    onnxruntime's CPU convs are all direct; TVM's auto-scheduler tunes the same Winograd form for x86."""
+    nodes, transforms = [], {}
+    for n in g.nodes:
+        options = conv_forms(n)
+        m = options[0] if options else DIRECT
+        if forms and forms.get(n.name) in options:
+            m = forms[n.name]
+        if m == DIRECT:
+            nodes.append(n)
+            continue
+        w = n.inputs[1]
+        if (w.dtype, m) not in transforms:  # B^T and A^T: one pair of constants that every such conv reads
+            at, _, bt = winograd_matrices(m)
+            transforms[w.dtype, m] = tuple(
+                Value(f"winograd{m}_{t}_{w.dtype}", TensorType(c.shape, w.dtype), c.astype(w.dtype))
+                for t, c in (("bt", bt), ("at", at))
+            )
+        u = winograd_weight(w.const, m, CONV_BLOCK)
+        weight = Value(f"{w.name}_winograd{m}", TensorType(u.shape, w.dtype), u)
+        bias = n.inputs[2] if len(n.inputs) > 2 else None
+        attrs = {"pads": tuple(n.attrs.get("pads") or (0, 0, 0, 0))}
+        inputs = (n.inputs[0], weight, bias, *transforms[w.dtype, m])
+        nodes.append(replace(n, op="WinogradConv", inputs=inputs, attrs=attrs))
+    return Graph(g.inputs, g.outputs, nodes, g.name)
+
+
+def block_conv_weights(g: Graph) -> Graph:
+    """A 2-D Conv (one group) with a constant weight whose output channels divide into CONV_BLOCK blocks becomes a
+    BlockedConv with the weight laid out F/16 x C x KH x KW x 16 at compile time, so its kernel vectorizes over
+    output channels (compiler.tensor.ops.nn.conv2d_nchw_blocked)."""
+    nodes = []
+    for n in g.nodes:
+        w = n.inputs[1] if n.op == "Conv" else None
+        if w is None or w.const is None or len(w.shape) != 4 or n.attrs.get("group", 1) != 1 or w.shape[0] % CONV_BLOCK:
+            nodes.append(n)
+            continue
+        packed = pack_conv_weight(w.const)
+        blocked = Value(f"{w.name}_blocked", TensorType(packed.shape, w.dtype), packed)
+        nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:])))
+    return Graph(g.inputs, g.outputs, nodes, g.name)

@@ -1,0 +1,59 @@
+"""The CPU backend: takes States and loop IR, gives x86-64 (or any LLVM CPU's) machine code through llvmlite, measured
+in a sandbox process and linked with the system C compiler into the artifact's shared library."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from compiler.base.target import Target
+from compiler.schedule.loopir import Func
+from compiler.schedule.state import program_key
+from compiler.targets.cpu import cache_probe, codegen
+from compiler.targets.cpu.default_schedule import default_schedule
+from compiler.targets.cpu.host import host
+from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.targets.cpu.sandbox import ALIGN
+from compiler.targets.cpu.space import CpuSearchSpace
+
+
+class CpuBackend:
+    kind = "cpu"
+    alignment = ALIGN
+
+    host = staticmethod(host)
+    search_space = staticmethod(CpuSearchSpace)
+    program_key = staticmethod(program_key)
+    default_schedule = staticmethod(default_schedule)
+    builder = staticmethod(LocalBuilder)
+    runner = staticmethod(LocalRunner)
+
+    def keeps_cached(self, nbytes: int) -> bool:
+        return cache_probe.keeps_cached(nbytes)  # looked up at the call: a test stubs the probe
+
+    def compile_kernels(self, funcs: Sequence[Func], target: Target | None = None) -> codegen.Kernels:
+        return codegen.compile_funcs(list(funcs), target)
+
+    def scratch_bytes(self, func: Func) -> int:
+        return codegen.plan_scratch(func).nbytes
+
+    def link_artifact(self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str) -> Path:
+        # the weights go in as an assembler .incbin, 64-byte aligned in .rodata
+        (folder / "params.bin").write_bytes(params or b"\0")
+        (folder / "params.S").write_text(
+            '.section .rodata\n.balign 64\n.globl tilefarm_params\ntilefarm_params:\n.incbin "params.bin"\n'
+            '.section .note.GNU-stack,"",@progbits\n'
+        )
+        (folder / "entry.c").write_text(entry_c)
+        cwd = os.getcwd()
+        os.chdir(folder)  # .incbin resolves params.bin relative to the assembler's working directory
+        try:
+            return codegen.emit_shared_library(
+                list(funcs), folder / f"{name}.so", extra_sources=[folder / "entry.c", folder / "params.S"]
+            )
+        finally:
+            os.chdir(cwd)
+
+
+BACKEND = CpuBackend()

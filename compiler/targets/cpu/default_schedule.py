@@ -1,0 +1,241 @@
+"""Rule-based schedules for any ComputeDAG: what a task runs with before (or without) tuning.
+
+The rules follow the shape of the hand-written schedules: inline cheap injective stages; give every reduction
+with data reuse (conv, matmul) a register-blocked tile (accumulators for `block` rows x `lanes` vector columns,
+the reduction loops just outside them), fused with its elementwise consumer when it has one; and parallelize and
+vectorize everything else along its contiguous axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.base.target import Target
+from compiler.schedule.matrix_transform import is_matrix_transform, outer_axes, transform_structure
+from compiler.schedule.simplify import linear
+from compiler.schedule.state import State, initial_state
+from compiler.targets.cpu.host import host
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG, at_own_index
+from compiler.tensor.te import Load
+
+MIN_PARALLEL_WORK = 1 << 15  # waking a worker costs ~10 us: below this many loop iterations one thread is faster
+PARALLEL_MIN = 32  # fuse outer loops until this many parallel iterations (16 x cores, as Ansor does)
+
+
+def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
+    """The rule-based schedule of `dag` for `target` (default: this host)."""
+    lanes, accumulators = _registers(target or host())
+    s = initial_state(dag)
+    s = _inline(s)
+    tiled: set[str] = set()
+    transforms = [st.name for st in reversed(s.stages) if is_matrix_transform(st.op)]
+    for name in transforms:  # consumers first: a row transform goes inside its column transform
+        s = transform_structure(s, name)
+    for name in transforms:
+        s = _transform_loops(s, name)
+    tiled |= set(transforms)
+    for stage in reversed(s.stages):
+        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
+            continue
+        if stage.op.reduce_axes and dag.needs_multi_level_tiling(stage.name):
+            s, done = _tile_anchor(s, stage.name, lanes, accumulators)
+            tiled |= done
+    for stage in s.stages:
+        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
+            continue
+        s = _reduction(s, stage.name) if stage.op.reduce_axes else _elementwise(s, stage.name)
+    return s
+
+
+def _registers(target: Target) -> tuple[int, int]:
+    """fp32 lanes of one vector register, and how many vector registers hold accumulators: 16 of AVX-512's 32,
+    10 of AVX2's 16 (the rest keep the loaded and broadcast operands)."""
+    lanes = max(1, target.vector_bytes // 4)
+    return lanes, 16 if target.vector_bytes >= 64 else 10
+
+
+def _transform_loops(s: State, name: str) -> State:
+    """A structured matrix transform's lanes vectorized and, at root, its outer loops parallel."""
+    s = s.annotate(name, s.stage(name).op.axes[-1].name, "vectorize")
+    if s.stage(name).compute_at != "root":
+        return s
+    return _parallel(s, name, outer_axes(s.stage(name).op))
+
+
+def _inline(s: State) -> State:
+    """Inline injective intermediates, except those feeding a tiled reduction (pads): re-evaluating a select in the
+    innermost loop of a conv costs more than materializing the padded input once."""
+    dag = s.dag
+    for stage in reversed(s.stages):
+        op = stage.op
+        if op.is_placeholder or op.reduce_axes or dag.is_output(op.name):
+            continue
+        feeds_anchor = any(s.stage(c).op.reduce_axes and dag.needs_multi_level_tiling(c) for c in s.consumers(op.name))
+        if not feeds_anchor:
+            s = s.compute_inline(op.name)
+    return s
+
+
+def _divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _lanes(extent: int, limit: int = 16) -> int:
+    lanes = _divisor(extent, limit)
+    return extent if lanes < 4 and extent <= limit else lanes
+
+
+def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[State, set[str]]:
+    """Register-block a reduction with reuse: cache_write (or its elementwise consumer) holds the output tile. The
+    tile is `accumulators` vectors of `vector` lanes; a stage whose consumer reads it elsewhere than at its own
+    index (the NCHW copy of a blocked conv) keeps its own local tile."""
+    dag = s.dag
+    op = s.stage(name).op
+    axes = list(op.axes)
+    if not any(a.extent > 1 for a in axes):
+        return s, set()
+    consumers = s.consumers(name)
+    out = consumers[0] if len(consumers) == 1 else None
+    if out is not None and out not in dag.consumers:
+        out = None  # another reduction's cache stage (a chain of tiled reductions): not the DAG's to fuse into
+    if out is not None and not (dag.elementwise_match(name, out) or _reads_at_own_index(s, name, out)):
+        out = None
+    if out is not None and (s.stage(out).compute_at != "root" or dag.is_output(name)):
+        out = None  # an output is computed at root, so it cannot live inside its consumer's tile
+    if out is None:
+        s = s.cache_write(name)
+        local, out = f"{name}.local", name
+    else:
+        local = name
+    v = max(i for i, a in enumerate(axes) if a.extent > 1)
+    wide = axes[v].extent % (2 * vector) == 0 and axes[v].extent >= 4 * vector
+    lanes = 2 * vector if wide else _lanes(axes[v].extent, max(vector, 8))
+    b = _block_axis(s, local, v)
+    vectors = -(-lanes // vector)
+    block = _divisor(axes[b].extent, max(1, accumulators // vectors)) if b is not None else 1
+    # the output tile loops: outer axes, then the tile of accumulators (the output stage's axes match by position)
+    onames = [a.name for a in s.stage(out).op.axes]
+    ov, ob = onames[v], onames[b] if b is not None else None
+    s = s.split(out, ov, [lanes])
+    if ob is not None:
+        s = s.split(out, ob, [block])
+    outer = [f"{n}.0" if n in (ov, ob) else n for n in onames if n != ov] + [f"{ov}.0"]
+    s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
+    s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")
+    # the accumulator tile: reductions outside, unrolled rows, vectorized columns
+    names = [a.name for a in axes]
+    vn, bn = names[v], names[b] if b is not None else None
+    inner = ([f"{bn}.1"] if bn is not None else []) + [f"{vn}.1"]
+    s = s.split(local, vn, [lanes])
+    if bn is not None:
+        s = s.split(local, bn, [block])
+    reduce_names = [r.name for r in op.reduce_axes]
+    spatial_outer = [f"{n}.0" if n in (vn, bn) else n for n in names]
+    s = s.reorder(local, spatial_outer + reduce_names + inner)
+    if bn is not None:
+        s = s.annotate(local, f"{bn}.1", "unroll")
+    s = s.annotate(local, f"{vn}.1", "vectorize")
+    s = _parallel(s, out, outer[:-1], work=_work(s, local))
+    return s, {local, out}
+
+
+def _reads_at_own_index(s: State, producer: str, consumer: str) -> bool:
+    c = s.stage(consumer).op
+    if c.shape != s.stage(producer).op.shape or c.reduce_axes:
+        return False
+    loads = [ld for ld in _loads(s, c.body) if ld.buffer == producer]
+    return bool(loads) and all(at_own_index(ld, c.axes) for ld in loads)
+
+
+def _loads(s: State, body) -> list[Load]:
+    """Loads of `body` after substituting inlined stages (what the consumer really reads)."""
+    return te.loads(s.resolve_inlined(body))
+
+
+def _block_axis(s: State, local: str, v: int) -> int | None:
+    """The spatial axis to unroll into accumulator rows: prefer one the vector-loaded input does not depend on (its
+    loads are reused across the rows), then the longest."""
+    op = s.stage(local).op
+    vname = op.axes[v].name
+    loads = _loads(s, op.body)
+    with_v = [ld for ld in loads if any(vname in te.free_vars(i) for i in ld.indices)]
+    used = set().union(*(te.free_vars(i) for ld in with_v for i in ld.indices)) if with_v else set()
+    candidates = [i for i, a in enumerate(op.axes) if i != v and a.extent > 1]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda i: (op.axes[i].name not in used, op.axes[i].extent))
+
+
+def _work(s: State, name: str) -> int:
+    op = s.stage(name).op
+    return math.prod(a.extent for a in op.axes) * math.prod(r.extent for r in op.reduce_axes)
+
+
+def _parallel(s: State, name: str, iters: list[str], work: int | None = None) -> State:
+    """Fuse the outermost loops until there is enough parallel work, then mark the fused loop parallel; `work`
+    (loop iterations under these loops, default the stage's own) below MIN_PARALLEL_WORK stays on one thread."""
+    stage = s.stage(name)
+    if (work if work is not None else _work(s, name)) < MIN_PARALLEL_WORK:
+        return s
+    chosen, extent = [], 1
+    for it in iters:
+        if stage.iters[stage.iter_index(it)].kind != "spatial":
+            break
+        chosen.append(it)
+        extent *= stage.iters[stage.iter_index(it)].extent
+        if extent >= PARALLEL_MIN:
+            break
+    if not chosen or extent == 1:
+        return s
+    if len(chosen) > 1:
+        s = s.fuse(name, chosen)
+    return s.annotate(name, "@".join(chosen), "parallel")
+
+
+def _contiguous(s: State, name: str, axis: str) -> bool:
+    """Every load steps by 0 or 1 element along `axis` (so vector loads, not gathers, serve it)."""
+    for ld in _loads(s, s.stage(name).op.body):
+        if not ld.indices:
+            continue  # a scalar reads the same element at every step
+        *outer, last = ld.indices
+        if any(axis in te.free_vars(i) for i in outer):
+            return False
+        terms, _ = linear(last)
+        for atom, k in terms.items():
+            if axis in te.free_vars(atom) and not (isinstance(atom, te.Var) and k == 1):
+                return False
+    return True
+
+
+def _elementwise(s: State, name: str) -> State:
+    """Vectorize the contiguous axis, parallelize the fused outer ones."""
+    op = s.stage(name).op
+    names = [a.name for a in op.axes]
+    if not names:
+        return s
+    last = op.axes[-1]
+    lanes = _lanes(last.extent) if last.extent > 1 and _contiguous(s, name, last.name) else 1
+    if lanes > 1:
+        s = s.split(name, last.name, [lanes])
+        s = s.annotate(name, f"{last.name}.1", "vectorize")
+        outer = names[:-1] + [f"{last.name}.0"]
+    else:
+        outer = names[:-1]
+    return _parallel(s, name, [n for n in outer if s.stage(name).iters[s.stage(name).iter_index(n)].extent >= 1])
+
+
+def _reduction(s: State, name: str) -> State:
+    """Reductions without reuse: spatial outer loops parallel; reduction loops outside a vectorized last axis."""
+    op = s.stage(name).op
+    names = [a.name for a in op.axes]
+    reduce_names = [r.name for r in op.reduce_axes]
+    if names and op.axes[-1].extent >= 4 and _contiguous(s, name, op.axes[-1].name):
+        last = op.axes[-1]
+        lanes = _lanes(last.extent)
+        s = s.split(name, last.name, [lanes])
+        outer = names[:-1] + [f"{last.name}.0"]
+        s = s.reorder(name, outer + reduce_names + [f"{last.name}.1"])
+        s = s.annotate(name, f"{last.name}.1", "vectorize")
+        return _parallel(s, name, outer)
+    return _parallel(s, name, names)
