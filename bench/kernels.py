@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from compiler.base.arrays import aligned
 from compiler.model.passes import CONV_BLOCK, pack_conv_weight
 from compiler.schedule import hand_schedules as schedules
 from compiler.schedule.lower import lower
 from compiler.schedule.state import State, initial_state
 from compiler.targets import host_target
 from compiler.targets.cpu.codegen import compile_funcs
-from compiler.targets.cpu.sandbox import aligned
 from compiler.tensor import ops, te
 from compiler.tensor.dag import ComputeDAG
 

@@ -30,11 +30,11 @@ import numpy as np
 from bench.kernels import ALTERNATIVE_WORKLOADS, TUNING_WORKLOADS, fair_openblas_env, onnx_session, tuning_workload
 from bench.timing import best_kernel, best_record, checked, interleaved_with_probe, json_from_process
 from bench.tuning import _tune
+from compiler.base.arrays import aligned
 from compiler.costs.records import JSONLinesDatabase
 from compiler.search.evolution import SearchParams
 from compiler.targets import host_target
 from compiler.targets.cpu.annotate import Decisions, RegisterFile, materialize
-from compiler.targets.cpu.sandbox import aligned
 from compiler.targets.cpu.sketch import generate_sketches
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.kernels import L3_PROBE, blas_info, fair_openblas_env, interleaved, l3_probe, onnx_session, tuning_workload
+from compiler.base.arrays import aligned
 from compiler.costs.records import JSONLinesDatabase
-from compiler.targets.cpu.sandbox import aligned
 
 MAX_REL_DIFF = 1e-4
 

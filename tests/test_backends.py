@@ -27,7 +27,7 @@ class Noting:
     """A backend of kind "noting": the CPU backend's parts, each call noted by name."""
 
     kind = "noting"
-    alignment = cpu.BACKEND.alignment
+    alignment, library_env = cpu.BACKEND.alignment, cpu.BACKEND.library_env
 
     def __init__(self):
         self.calls: list[str] = []

@@ -298,7 +298,7 @@ def test_records_round_trip_and_replay(tmp_path):
 
 
 def test_measured_arrays_start_on_a_cache_line():
-    from compiler.targets.cpu.sandbox import ALIGN, aligned, aligned_empty
+    from compiler.base.arrays import ALIGN, aligned, aligned_empty
 
     out = aligned_empty((5, 7), np.float32)
     assert out.ctypes.data % ALIGN == 0 and out.flags.c_contiguous and out.shape == (5, 7) and out.dtype == np.float32

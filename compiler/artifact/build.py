@@ -247,6 +247,7 @@ def build(
                 "features": target.features,
             },
             "host": target.fingerprint(),
+            "environment": dict(backend.library_env),
             "disabled_passes": list(disabled_passes),
             "conv_forms": forms,
             "tasks": [

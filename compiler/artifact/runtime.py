@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.base.arrays import aligned_empty
 from compiler.base.errors import TilefarmError
-from compiler.targets.cpu.sandbox import OPENMP_ENV, aligned_empty
 
 
 class ArtifactError(TilefarmError):
@@ -52,12 +52,9 @@ class Artifact:
         for f, digest in meta["sha256"].items():
             if not (root / f).exists() or hashlib.sha256((root / f).read_bytes()).hexdigest() != digest:
                 raise ArtifactError(f"artifact {path}: {f} is missing or does not match its sha256 in meta.json")
-        # libgomp reads its wait policy once, when it loads with the library. Idle workers that spin steal the core a
-        # busy host's other work needs (ResNet-18 on 2 threads of a loaded 2-core host: 240 ms spinning, 90 ms
-        # passive, 85 ms on 1 thread), but workers that sleep at once must be woken for every parallel loop. A short
-        # spin (10k iterations, ~0.1 ms; what the tuner's measurements run with) keeps a model's back-to-back
-        # kernels fast and still lets idle workers sleep. OMP_WAIT_POLICY=active restores spinning for dedicated hosts.
-        for k, v in OPENMP_ENV.items():
+        # what the target's library runs with (the CPU's: libgomp's wait policy, read once as it loads); the user's
+        # own settings win
+        for k, v in meta.get("environment", {}).items():
             os.environ.setdefault(k, v)
         return Artifact(meta, ctypes.CDLL(str(root / meta["library"])), tmp)
 

@@ -44,6 +44,7 @@ class Backend(Protocol):
 
     kind: str
     alignment: int  # bytes every buffer a kernel gets (weights, workspace, inputs) starts on
+    library_env: Mapping[str, str]  # environment the artifact's library runs with (meta.json's "environment")
 
     def host(self) -> Target:
         """The target of this kind this process runs on; `Target.fingerprint()` names the host class of a timing."""

@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from compiler.base.arrays import ALIGN
 from compiler.base.target import Target
 from compiler.schedule.loopir import Func
 from compiler.schedule.state import program_key
@@ -14,13 +15,14 @@ from compiler.targets.cpu import cache_probe, codegen
 from compiler.targets.cpu.default_schedule import default_schedule
 from compiler.targets.cpu.host import host
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
-from compiler.targets.cpu.sandbox import ALIGN
+from compiler.targets.cpu.sandbox import OPENMP_ENV
 from compiler.targets.cpu.space import CpuSearchSpace
 
 
 class CpuBackend:
     kind = "cpu"
     alignment = ALIGN
+    library_env = OPENMP_ENV
 
     host = staticmethod(host)
     search_space = staticmethod(CpuSearchSpace)

@@ -1,8 +1,8 @@
 """The measurement sandbox: a child process that loads one candidate kernel at a time, checks it and times it.
 
-`compiler.targets.cpu.runner.LocalRunner` starts it as `python sandbox.py FD_IN FD_OUT` and talks to it with pickled
-dicts over two pipes. It imports only numpy and ctypes (never llvmlite or the compiler), so it starts fast and a
-kernel that segfaults, aborts or hangs takes down only this process; the parent sees the pipe close (or no answer
+`runner.LocalRunner` starts it as `python sandbox.py FD_IN FD_OUT` and talks to it with pickled dicts over two pipes.
+It imports only numpy, ctypes and compiler.base.arrays (never llvmlite or the rest of the compiler), so it starts fast
+and a kernel that segfaults, aborts or hangs takes down only this process; the parent sees the pipe close (or no answer
 in time), kills it if needed, and starts a fresh one for the next candidate.
 
 Requests, each answered by one reply:
@@ -30,34 +30,19 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from compiler.base.arrays import aligned, aligned_empty
+
 WARMUP_SHARE = 0.1  # untimed calls after the check call, until they (with it) have run this share of min_repeat_ms
 OVERSHOOT = 3.0  # a timed batch stops after this many times min_repeat_ms, however many calls it planned
 GARBAGE_BYTE = 0xA5  # fills integer and bool outputs before the check; float outputs get NaN
 MAX_CACHED_TASKS = 4  # tasks whose arrays stay loaded; tuning moves from task to task, so a few are enough
-# bytes: a cache line, and an AVX-512 vector. An artifact's weights (compiler.artifact.build), its workspace
-# (compiler.artifact.runtime), a kernel's scratch (codegen.memory) and the sandbox's arrays all start on one. It lives
-# here because this module may import nothing of the compiler.
-ALIGN = 64
-# libgomp settings artifacts run with (artifact.runtime; the user's own settings win); the sandbox measures under them
+# libgomp settings artifacts run with (meta.json's "environment"; the user's own settings win), and the sandbox measures
+# under. libgomp reads its wait policy once, when it loads with the library. Idle workers that spin steal the core a
+# busy host's other work needs (ResNet-18 on 2 threads of a loaded 2-core host: 240 ms spinning, 90 ms passive, 85 ms
+# on 1 thread), but workers that sleep at once must be woken for every parallel loop. A short spin (10k iterations,
+# ~0.1 ms) keeps a model's back-to-back kernels fast and still lets idle workers sleep. OMP_WAIT_POLICY=active restores
+# spinning for dedicated hosts.
 OPENMP_ENV = {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"}
-
-
-def aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialized C-contiguous array starting on an ALIGN-byte boundary. numpy's own buffers start 16 bytes
-    past one, so every 64-byte vector load from them spans two cache lines; the deployed kernel sees aligned weights
-    and workspace, and a measurement must see the memory it will."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + ALIGN, np.uint8)
-    start = -buf.ctypes.data % ALIGN
-    return buf[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def aligned(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `a` starting on a 64-byte boundary (aligned_empty)."""
-    out = aligned_empty(a.shape, a.dtype)
-    out[...] = a
-    return out
 
 
 class _Task:

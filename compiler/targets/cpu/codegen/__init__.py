@@ -23,13 +23,13 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from compiler.base import dtypes
+from compiler.base.arrays import aligned_empty
 from compiler.base.errors import BuildError
 from compiler.base.target import Target
 from compiler.schedule.loopir import Buffer, Func, print_func
 from compiler.targets.cpu.codegen.cpu import NUM_THREADS_GLOBAL, generate, scratch_bytes_symbol
 from compiler.targets.cpu.codegen.memory import plan_scratch
 from compiler.targets.cpu.host import host
-from compiler.targets.cpu.sandbox import aligned_empty
 
 __all__ = [
     "Kernel", "Kernels", "assembly", "compile_funcs", "emit_shared_library", "llvm_ir", "plan_scratch",

@@ -23,11 +23,11 @@ from typing import Any
 from llvmlite import ir
 
 from compiler.base import dtypes
+from compiler.base.arrays import ALIGN
 from compiler.base.errors import BuildError
 from compiler.schedule.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
 from compiler.targets.cpu.codegen.lanes import coeff, has_hazard, referenced, uses, vectorizable
 from compiler.targets.cpu.codegen.memory import fits_stack, nbytes, plan_scratch
-from compiler.targets.cpu.sandbox import ALIGN
 from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a masked span + shuffle

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.base import dtypes
+from compiler.base.arrays import ALIGN
 from compiler.schedule.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt
-from compiler.targets.cpu.sandbox import ALIGN
 
 STACK_LIMIT = 64 * 1024  # bigger allocations go to scratch or the heap: thread stacks are small
 STACK_BUDGET = 512 * 1024  # and so do the ones past this total per function
