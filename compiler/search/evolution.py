@@ -57,19 +57,19 @@ class SearchParams:
     init_measured_ratio: float = 0.2
     init_min_population: int = 50
     max_fail_rounds: int = 5
-    # draw the vector loop's innermost tile from multiples of the target's lanes (annotate.sample); False draws
-    # every tile uniformly, as Ansor does
+    # draw the vector loop's innermost tile from multiples of the target's lanes (targets/cpu/annotate.sample);
+    # False draws every tile uniformly, as Ansor does
     lane_tiles: bool = True
-    # draw and mutate register blocks within the target's vector registers (annotate.RegisterFile); False leaves
-    # them to the cost model, as Ansor does
+    # draw and mutate register blocks within the target's vector registers (targets/cpu/annotate.RegisterFile);
+    # False leaves them to the cost model, as Ansor does
     register_tiles: bool = True
     # with register_tiles, half the register blocks whose rows no divisor of the extent makes hold the accumulators
-    # the target's FMA units need in flight (Target.fmas_in_flight) draw one row count beyond the largest fitting
-    # divisor (annotate.sample; partition.py makes the tails cheap); False draws divisors alone
+    # the target's FMA units need in flight (targets/cpu/host.fmas_in_flight) draw one row count beyond the largest
+    # fitting divisor (annotate.sample; schedule/partition.py makes the tails cheap); False draws divisors alone
     ragged_rows: bool = True
     # with register_tiles, count the tile levels auto-unrolling adds to a register block too: draw the unroll step
     # again where the accumulators living across the innermost rolled reduction loop do not fit, and drop mutations
-    # that make such a program (annotate.RegisterFile.unrolled_demand); False checks the innermost tile alone
+    # that make such a program (RegisterFile.unrolled_demand); False checks the innermost tile alone
     unrolled_blocks: bool = True
 
 

@@ -52,9 +52,6 @@ class Backend(Protocol):
     def search_space(self, dag: ComputeDAG, target: Target, params: Any) -> SearchSpace:
         """The task's search space on `target`, shaped by the search's SearchParams."""
 
-    def program_key(self, state: State) -> str:
-        """The identity of a program, the same for two decision sets that make the same steps."""
-
     def default_schedule(self, dag: ComputeDAG, target: Target | None = None) -> State:
         """The rule-based schedule, used untuned and as every candidate's reference."""
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from compiler.base.arrays import ALIGN
 from compiler.base.target import Target
 from compiler.schedule.loopir import Func
-from compiler.schedule.state import program_key
 from compiler.targets.cpu import cache_probe, codegen
 from compiler.targets.cpu.default_schedule import default_schedule
 from compiler.targets.cpu.host import host
@@ -26,7 +25,6 @@ class CpuBackend:
 
     host = staticmethod(host)
     search_space = staticmethod(CpuSearchSpace)
-    program_key = staticmethod(program_key)
     default_schedule = staticmethod(default_schedule)
     builder = staticmethod(LocalBuilder)
     runner = staticmethod(LocalRunner)

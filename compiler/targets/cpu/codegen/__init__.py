@@ -1,4 +1,4 @@
-"""CPU code generation: loop IR → LLVM IR (`cpu`) → machine code, JIT-loaded or linked into a shared library.
+"""CPU code generation: loop IR → LLVM IR (`emit`) → machine code, JIT-loaded or linked into a shared library.
 
 `compile_funcs` JIT-compiles kernels callable on numpy arrays; `emit_shared_library` links them (with libgomp
 and libm) into a `.so` loadable with ctypes; `llvm_ir` and `assembly` show what was generated.
@@ -27,7 +27,7 @@ from compiler.base.arrays import aligned_empty
 from compiler.base.errors import BuildError
 from compiler.base.target import Target
 from compiler.schedule.loopir import Buffer, Func, print_func
-from compiler.targets.cpu.codegen.cpu import NUM_THREADS_GLOBAL, generate, scratch_bytes_symbol
+from compiler.targets.cpu.codegen.emit import NUM_THREADS_GLOBAL, generate, scratch_bytes_symbol
 from compiler.targets.cpu.codegen.memory import plan_scratch
 from compiler.targets.cpu.host import host
 
