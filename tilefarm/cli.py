@@ -183,7 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.meta["inputs"]}
     outputs = art.run(inputs)
     for name, a in outputs.items():
-        print(f"{name}: {a.dtype}{list(a.shape)}  mean {float(np.mean(a)):.6g}  max {float(np.max(a)):.6g}")
+        summary = f"mean {float(np.mean(a)):.6g}  max {float(np.max(a)):.6g}" if a.size else "(no elements)"
+        print(f"{name}: {a.dtype}{list(a.shape)}  {summary}")
     if args.output:
         np.savez(args.output, **outputs)
     if args.repeat:

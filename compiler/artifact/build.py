@@ -84,7 +84,7 @@ def _entry_source(
     written = {id(v) for c in calls for v in c.args[len(c.task.dag.inputs) :]}
     for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
         if id(v) not in written and (id(v) in inputs or id(v) in params):
-            src = f"inputs[{inputs[id(v)]}]" if id(v) in inputs else ptr(v)
+            src = f"inputs[{inputs[id(v)]}]" if id(v) in inputs else f"tilefarm_params + {params[id(v)]}"
             lines.append(f"    memcpy(outputs[{i}], {src}, {v.nbytes});")
     lines += ["    return 0;", "}"]
     return "\n".join(lines) + "\n"
@@ -211,7 +211,8 @@ def build(
     states, used = schedule_tasks(tasks, records, host, prefer)
     funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
-    consts = {id(v): v for c in calls for v in c.args if v.const is not None}
+    # the constants the kernels read, and the outputs folded to constants at compile time (the entry copies those)
+    consts = {id(v): v for v in [*(v for c in calls for v in c.args), *optimized.outputs] if v.const is not None}
     blob, params = io.BytesIO(), {}
     for vid, v in consts.items():
         blob.write(b"\0" * (-blob.tell() % backend.alignment))

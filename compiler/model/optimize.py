@@ -15,10 +15,12 @@ from compiler.model.passes import (
     fold_batchnorm,
     gemm_to_matmul,
     remove_identity,
+    remove_unused,
     winograd_convs,
 )
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("remove_unused", remove_unused),
     ("remove_identity", remove_identity),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),

@@ -52,6 +52,18 @@ def _rewire(g: Graph, mapping: dict[int, Value], nodes: list[Node]) -> Graph:
     return Graph(g.inputs, outputs, toposort(new_nodes), g.name)
 
 
+def remove_unused(g: Graph) -> Graph:
+    """Nodes none of whose results reach a graph output are dropped (a converter's leftovers: a fused group of them
+    would compute nothing anyone reads)."""
+    live = {id(v) for v in g.outputs}
+    keep = []
+    for n in reversed(g.nodes):
+        if any(id(o) in live for o in n.outputs if o is not None):
+            keep.append(n)
+            live.update(id(v) for v in n.inputs if v is not None)
+    return Graph(g.inputs, g.outputs, keep[::-1], g.name)
+
+
 def remove_identity(g: Graph) -> Graph:
     """Identity and (inference) Dropout forward their input; a graph output keeps its own name via a copy."""
     mapping: dict[int, Value] = {}
@@ -69,9 +81,11 @@ def remove_identity(g: Graph) -> Graph:
 
 
 def fold_batchnorm(g: Graph) -> Graph:
-    """Conv followed by BatchNormalization with constant statistics becomes one Conv with rescaled weights."""
+    """Conv followed by BatchNormalization with constant statistics becomes one Conv with rescaled weights, where
+    the BatchNormalization is the only reader of the Conv's result (a graph output is read by the caller too)."""
     consumers = g.consumers()
     producers = g.producers()
+    graph_outputs = {id(v) for v in g.outputs}
     mapping: dict[int, Value] = {}
     drop: set[int] = set()
     replaced: dict[int, Node] = {}
@@ -80,6 +94,8 @@ def fold_batchnorm(g: Graph) -> Graph:
             continue
         conv = producers.get(id(bn.inputs[0]))
         if conv is None or conv.op != "Conv" or len(consumers.get(id(conv.outputs[0]), [])) != 1:
+            continue
+        if id(conv.outputs[0]) in graph_outputs:
             continue
         w = conv.inputs[1]
         if (

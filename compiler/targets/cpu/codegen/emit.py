@@ -977,13 +977,12 @@ def scratch_bytes_symbol(kernel: str) -> str:
 def generate(funcs: list[Func], libmvec_bytes: int = 0) -> str:
     """The LLVM IR module (text) holding every kernel of `funcs`; with `libmvec_bytes` (the vector register size)
     vector exp/log/tanh/erf/pow call glibc's libmvec instead of libm once per lane."""
-    if not funcs:
-        raise BuildError("nothing to compile: the list of functions is empty")
     names = [f.name for f in funcs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise BuildError(f"kernel names must be unique, repeated: {sorted(dup)}")
-    mod = _ModuleEmitter(funcs[0].name, libmvec_bytes)
+    # no kernels (a model that folded to constants): the module holds the thread-count global alone
+    mod = _ModuleEmitter(funcs[0].name if funcs else "kernels", libmvec_bytes)
     for f in funcs:
         mod.emit(f)
     return str(mod.module)

@@ -1,0 +1,45 @@
+"""Whole-graph differential testing: random multi-op ONNX graphs (tests/graph_fuzz.py) compiled into artifacts and
+run against onnxruntime, output by output, within 1e-4 of each output's scale.
+
+CI runs FUZZ_EXAMPLES cases; `TILEFARM_FUZZ_EXAMPLES=20000 pytest tests/test_graph_fuzz.py` runs more by hand."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnx.printer
+import onnxruntime as ort
+from hypothesis import HealthCheck, given, settings
+
+from compiler.artifact.build import compile_model
+from compiler.artifact.runtime import Artifact
+from tests.graph_fuzz import graphs
+
+FUZZ_EXAMPLES = int(os.environ.get("TILEFARM_FUZZ_EXAMPLES", "120"))
+
+
+def _reference(model, feeds) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(graphs())
+def test_random_graphs_match_onnxruntime(tmp_path_factory, case):
+    model, feeds = case
+    want = _reference(model, feeds)
+    path = tmp_path_factory.mktemp("fuzz") / "m.tar"
+    try:
+        compile_model(model, path)
+        got = Artifact.load(path).run(feeds)
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n{onnx.printer.to_text(model.graph)}") from e
+    assert list(got) == [o.name for o in model.graph.output]
+    for (name, g), w in zip(got.items(), want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+        err = float(np.max(np.abs(g - w))) if w.size else 0.0
+        assert err <= 1e-4 * scale, f"{name}: max error {err:.3g} of scale {scale:.3g}\n{onnx.printer.to_text(model.graph)}"
