@@ -419,6 +419,21 @@ def test_symbolic_batch_defaults_to_one_and_input_shapes_fix_it():
     assert load(sym_model(["b", "n"]), {"x": [2, 5]}).inputs[0].shape == (2, 5)
 
 
+def test_minus_one_and_zero_dims_are_dynamic_as_converters_write_them():
+    # paddle2onnx writes a dynamic batch as -1, keras2onnx as 0: --input-shapes fixes them, and a leading one is the
+    # batch as an unnamed dim is
+    assert load(sym_model([-1, 3, 48]), {"x": [1, 3, 48]}).inputs[0].shape == (1, 3, 48)
+    assert load(sym_model([-1, 3, 48])).inputs[0].shape == (1, 3, 48)
+    assert load(sym_model([1, 0, 48]), {"x": [1, 5, 48]}).outputs[0].shape == (1, 5, 48)
+    with pytest.raises(InvalidModel, match=r"input 'x' dim 1 is unknown.*x:\[1,N,48\]"):
+        load(sym_model([1, -1, 48]))
+
+
+def test_a_scalar_input():
+    g = load(sym_model([]), parse_input_shapes("x:[]"))
+    assert g.inputs[0].shape == () and g.outputs[0].shape == ()
+
+
 def test_symbol_bound_on_one_input_fixes_the_others():
     node = helper.make_node("Add", ["x", "y"], ["z"])
     model = make([node], [("x", F, ["b", "len"]), ("y", F, ["b", "len"])], [("z", F, None)])
@@ -443,6 +458,10 @@ def test_unresolved_or_wrong_input_shapes(dims, given, match):
 def test_parse_input_shapes():
     assert parse_input_shapes("x:[1,3,224,224],y:[1,8]") == {"x": [1, 3, 224, 224], "y": [1, 8]}
     assert parse_input_shapes(" input:0:[1, 8] , s:[] ") == {"input:0": [1, 8], "s": []}
+    # tvmc's form: separated by spaces
+    want = {"input_ids": [1, 32], "attention_mask": [1, 32]}
+    assert parse_input_shapes("input_ids:[1,32] attention_mask:[1,32]") == want
+    assert parse_input_shapes("input_ids:[1, 32]   attention_mask:[1,32] sr:[]") == {**want, "sr": []}
     for bad in ["x:[1,a]", "x=[1]", "x:[1", "x:[-1]"]:
         with pytest.raises(InvalidModel):
             parse_input_shapes(bad)

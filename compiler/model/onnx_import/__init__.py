@@ -75,10 +75,11 @@ def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, li
 
 
 def parse_input_shapes(text: str) -> dict[str, list[int]]:
-    """Parse the CLI form `x:[1,3,224,224],y:[1,8]` (names may contain ':', e.g. `input:0:[1,8]`)."""
+    """Parse the CLI form `x:[1,3,224,224],y:[1,8]`, or tvmc's `x:[1,3,224,224] y:[1,8]` (names may contain ':', e.g.
+    `input:0:[1,8]`); `sr:[]` is a scalar."""
     shapes: dict[str, list[int]] = {}
     pos, text = 0, text.strip()
-    item = re.compile(r"\s*([^\[\],]+?):\[([^\]]*)\]\s*(?:,|$)")
+    item = re.compile(r"\s*([^\[\],\s][^\[\],]*?):\[([^\]]*)\]\s*(?:,|\s|$)")
     while pos < len(text):
         m = item.match(text, pos)
         if not m:
@@ -200,8 +201,14 @@ def _type_of(vi: onnx.ValueInfoProto) -> _Type:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return _Type(tt.elem_type, None)
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    dims = [d.dim_value if _static(d) else None for d in tt.shape.dim]
     return _Type(tt.elem_type, None if None in dims else tuple(dims))
+
+
+def _static(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dimension with a size: converters write a dynamic one as a name, as nothing, or as -1 or 0 (paddle2onnx,
+    keras2onnx)."""
+    return d.HasField("dim_value") and d.dim_value > 0
 
 
 def _np_dtype(elem: int) -> np.dtype:
@@ -277,7 +284,7 @@ class _State:
                 if len(dims) != len(shape):
                     raise InvalidModel(f"input {vi.name!r} has rank {len(dims)} but --input-shapes gives {list(shape)}")
                 for i, (d, size) in enumerate(zip(dims, shape)):
-                    if d.HasField("dim_value") and d.dim_value != size:
+                    if _static(d) and d.dim_value != size:
                         raise InvalidModel(
                             f"input {vi.name!r} dim {i} is {d.dim_value} in the model but --input-shapes gives {size}"
                         )
@@ -289,7 +296,7 @@ class _State:
             )
         shape = []
         for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if _static(d):
                 shape.append(d.dim_value)
             elif d.dim_param in symbols:
                 shape.append(symbols[d.dim_param])
@@ -297,7 +304,7 @@ class _State:
                 shape.append(1)  # an unknown leading dim is the batch: compile for one sample
             else:
                 what = f"'{d.dim_param}'" if d.dim_param else "unknown"
-                example = ",".join(str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim)
+                example = ",".join(str(x.dim_value) if _static(x) else "N" for x in tt.shape.dim)
                 raise InvalidModel(
                     f"input {vi.name!r} dim {i} is {what}; fix it with --input-shapes (e.g. {vi.name}:[{example}])"
                 )
