@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
-MAX_CHANNELS = 16
-MAX_SIDE = 24
+MAX_CHANNELS = 32
+MAX_SIDE = 40
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _conv(b: _Builder, draw, v: str) -> str | None:
     if h + 2 * pad < reach or w + 2 * pad < reach:
         return None
     group = c if draw(st.booleans()) and c > 1 else 1
-    co = c if group > 1 else draw(st.sampled_from([2, 4, 8, 16]))
+    co = c if group > 1 else draw(st.sampled_from([2, 4, 8, 16, 32]))
     ins = [v, b.const(b.normal(co, c // group, k, k, scale=1 / np.sqrt(c * k * k)))]
     if draw(st.booleans()):
         ins.append(b.const(b.normal(co, scale=0.1)))
@@ -77,7 +77,7 @@ def _conv_transpose(b: _Builder, draw, v: str) -> str | None:
     oh, ow = (h - 1) * stride - 2 * pad + k + out_pad, (w - 1) * stride - 2 * pad + k + out_pad
     if min(oh, ow) < 1 or max(oh, ow) > MAX_SIDE:
         return None
-    co = draw(st.sampled_from([2, 4, 8]))
+    co = draw(st.sampled_from([2, 4, 8, 16]))
     ins = [v, b.const(b.normal(c, co, k, k, scale=1 / np.sqrt(c * k * k)))]
     if draw(st.booleans()):
         ins.append(b.const(b.normal(co, scale=0.1)))
@@ -174,8 +174,11 @@ WEIGHTS = {"conv": 3, "conv_transpose": 2, "batchnorm": 3, "unary": 3, "binary":
 def graphs(draw, max_ops: int = 14) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A random model and seeded inputs for it."""
     b = _Builder(np.random.default_rng(draw(st.integers(0, 2**32 - 1))))
+    # small images, and ones large enough for the layouts of real convs: 16-channel blocks (NCHWc) and Winograd's tiles
+    large = draw(st.booleans())
+    side = st.integers(16, 32) if large else st.integers(2, 12)
     for i in range(draw(st.integers(1, 2))):
-        shape = (1, draw(st.sampled_from([1, 2, 3, 4, 8])), draw(st.integers(2, 12)), draw(st.integers(2, 12)))
+        shape = (1, draw(st.sampled_from([3, 16, 32] if large else [1, 2, 3, 4, 8])), draw(side), draw(side))
         name = f"x{i}"
         b.shapes[name] = shape
         b.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))

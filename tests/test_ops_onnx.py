@@ -633,7 +633,48 @@ def nchwc_cases(blocked_ref) -> list[Case]:
     ]  # fmt: skip
 
 
-CASES = unary_cases() + binary_cases() + other_elementwise_cases() + reduce_cases() + nn_cases() + transform_cases()
+def indexing_cases() -> list[Case]:
+    """Ops that address data through indices (compiler/tensor/ops/indexing.py); constant ONNX inputs (OneHot's depth,
+    CumSum's axis, Trilu's k) are attributes of the normalized node. Scatter indices are distinct where the reduction
+    is none: which of two updates of one element wins is not defined."""
+    data, cols = f32(3, 4, 5), np.array([[[0, 3, -1, 2, 1]] * 4] * 3, np.int64)
+    rows = np.array([[2, 0, 1, 2], [0, 2, 0, 1]], np.int64)
+    nd = np.array([[1], [3]], np.int64)
+    one_hot = {"depth": 4, "axis": 2, "values": [-1.0, 2.0], "dtype": "float32"}
+    hot_in = ints(2, 3, dtype="int64", lo=-4, hi=4)
+    square, tri, tri_int, cum, cum_int = f32(4, 4), f32(4, 5), ints(2, 3, 4), f32(3, 4), ints(3, 4)
+    depth = np.array(4, np.int64)
+    return [
+        Case("GatherElements", [data, cols], {"axis": 2}),
+        Case("GatherElements", [data, np.array([[[1] * 5, [-1] * 5]] * 3, np.int32)], {"axis": 1}),
+        Case("GatherND", [data, np.array([[1, 2], [0, -1]], np.int64)], {"batch_dims": 0}),
+        Case("GatherND", [data, np.array([[2], [0], [1]], np.int64)], {"batch_dims": 1}),
+        Case("ScatterElements", [f32(3, 4), rows[:1], f32(1, 4)], {"axis": 0, "reduction": "none"}),
+        Case("ScatterElements", [f32(3, 4), rows, f32(2, 4)], {"axis": 0, "reduction": "add"}, tol=ARITH),
+        Case("ScatterElements", [f32(4, 3), rows.T.copy(), f32(4, 2)], {"axis": 1, "reduction": "max"}),
+        Case("ScatterND", [f32(4, 5), nd, f32(2, 5)], {"reduction": "none"}),
+        Case("ScatterND", [f32(4, 5), np.array([[1, 2], [1, 2], [3, -1]], np.int64), f32(3)], {"reduction": "add"},
+             tol=ARITH),
+        Case("ScatterND", [ints(4, 5, dtype="int32"), nd, ints(2, 5, dtype="int32")], {"reduction": "min"}),
+        Case("OneHot", [hot_in], one_hot, {"axis": -1}, [hot_in, depth, np.array([-1.0, 2.0], np.float32)]),
+        Case("OneHot", [hot_in], {**one_hot, "axis": 0, "values": [0, 7], "dtype": "int32"}, {"axis": 0},
+             [hot_in, depth, np.array([0, 7], np.int32)]),
+        Case("Trilu", [tri], {"k": 1, "upper": 1}, {"upper": 1}, [tri, np.array(1, np.int64)]),
+        Case("Trilu", [tri_int], {"k": -1, "upper": 0}, {"upper": 0}, [tri_int, np.array(-1, np.int64)]),
+        Case("CumSum", [cum], {"axis": 1}, {}, [cum, np.array(1, np.int64)], tol=ARITH),
+        Case("CumSum", [cum_int], {"axis": 0, "exclusive": 1, "reverse": 1}, {"exclusive": 1, "reverse": 1},
+             [cum_int, np.array(0, np.int64)]),
+        Case("Einsum", [f32(3, 4), f32(4, 5)], {"equation": "ij,jk->ik"}, tol=REDUCTION),
+        Case("Einsum", [f32(2, 3, 4), f32(2, 5, 4)], {"equation": "bij,bkj->bik"}, tol=REDUCTION),
+        Case("Einsum", [square], {"equation": "ii->i"}),
+        Case("Einsum", [f32(3, 4)], {"equation": "ij->"}, tol=REDUCTION),
+    ]  # fmt: skip
+
+
+CASES = (
+    unary_cases() + binary_cases() + other_elementwise_cases() + reduce_cases() + nn_cases() + transform_cases()
+    + indexing_cases()
+)
 
 
 def _ids(cases: list[Case]) -> list[str]:

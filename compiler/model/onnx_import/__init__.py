@@ -54,6 +54,7 @@ PARAM_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), **dict.fromkeys(AXES_INPUT_FROM, (1,)),
     "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
+    "CumSum": (1,), "OneHot": (1, 2),
 }  # fmt: skip
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
 # bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
@@ -196,18 +197,19 @@ class _Type:
 
 
 def _type_of(vi: onnx.ValueInfoProto) -> _Type:
+    """A value's type (a dim of -1 is unknown; of a graph input, 0 too: `_static`)."""
     if not vi.type.HasField("tensor_type"):
         return _Type(0, None)
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return _Type(tt.elem_type, None)
-    dims = [d.dim_value if _static(d) else None for d in tt.shape.dim]
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
     return _Type(tt.elem_type, None if None in dims else tuple(dims))
 
 
 def _static(d: onnx.TensorShapeProto.Dimension) -> bool:
-    """A dimension with a size: converters write a dynamic one as a name, as nothing, or as -1 or 0 (paddle2onnx,
-    keras2onnx)."""
+    """A graph input's dimension with a size: converters write a dynamic one as a name, as nothing, or as -1 or 0
+    (paddle2onnx, keras2onnx)."""
     return d.HasField("dim_value") and d.dim_value > 0
 
 

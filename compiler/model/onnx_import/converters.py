@@ -488,6 +488,75 @@ def TopK(ctx: _Ctx) -> list[Node]:
     return [ctx.node("TopK", ctx.inputs[:1], attrs, ctx.outputs)]
 
 
+def GatherElements(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("GatherElements", ctx.inputs, {"axis": _axis(ctx.attrs.get("axis", 0), len(ctx.inputs[0].shape))})]
+
+
+def GatherND(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("GatherND", ctx.inputs, {"batch_dims": ctx.attrs.get("batch_dims", 0)})]
+
+
+def ScatterElements(ctx: _Ctx) -> list[Node]:
+    rank = len(ctx.inputs[0].shape)
+    attrs = {"axis": _axis(ctx.attrs.get("axis", 0), rank), "reduction": ctx.attrs.get("reduction", "none")}
+    return [ctx.node("ScatterElements", ctx.inputs, attrs)]
+
+
+def ScatterND(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("ScatterND", ctx.inputs, {"reduction": ctx.attrs.get("reduction", "none")})]
+
+
+def OneHot(ctx: _Ctx) -> list[Node]:
+    depth, values = ctx.const(1, "depth"), ctx.const(2, "values")
+    rank = len(ctx.outputs[0].shape)
+    attrs = {
+        "depth": int(depth.reshape(-1)[0]),
+        "axis": _axis(ctx.attrs.get("axis", -1), rank),
+        "values": [v.item() for v in values.reshape(-1)[:2]],
+        "dtype": dtypes.check(str(values.dtype)),
+    }
+    return [ctx.node("OneHot", ctx.inputs[:1], attrs)]
+
+
+def Trilu(ctx: _Ctx) -> list[Node]:
+    k, upper = ctx.input(1), ctx.attrs.get("upper", 1)
+    if k is None or k.const is not None:
+        return [ctx.node("Trilu", ctx.inputs[:1], {"k": int(k.const.reshape(-1)[0]) if k else 0, "upper": upper})]
+    return [ctx.node("Trilu", ctx.inputs[:2], {"upper": upper})]  # the diagonal read at run time
+
+
+def CumSum(ctx: _Ctx) -> list[Node]:
+    attrs = {"axis": _axis(ctx.ints(1, "axis")[0], len(ctx.inputs[0].shape)),
+             "exclusive": ctx.attrs.get("exclusive", 0), "reverse": ctx.attrs.get("reverse", 0)}  # fmt: skip
+    return [ctx.node("CumSum", ctx.inputs[:1], attrs)]
+
+
+def Einsum(ctx: _Ctx) -> list[Node]:
+    """The equation made explicit: the output spelled out where it is implied (the letters used once, in order) and
+    each ellipsis replaced by capital letters, one per axis it covers, aligned from the right across operands."""
+    equation = ctx.attrs["equation"].replace(" ", "")
+    lhs, arrow, out = equation.partition("->")
+    terms = lhs.split(",")
+    ranks = [len(v.shape) for v in ctx.inputs if v is not None]
+    if len(terms) != len(ranks):
+        raise _CannotConvert(f"Einsum node {ctx.name!r}: equation {equation!r} does not have one term per input")
+    spans = [r - len(term.replace("...", "")) for term, r in zip(terms, ranks)]
+    widest = max([s for term, s in zip(terms, spans) if "..." in term] or [0])
+    ellipsis = "".join(chr(ord("A") + i) for i in range(widest))
+    terms = [term.replace("...", ellipsis[widest - s :]) for term, s in zip(terms, spans)]
+    if not arrow:
+        letters = "".join(terms)
+        out = ellipsis + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c.islower()))
+    out = out.replace("...", ellipsis)
+    extent: dict[str, int] = {}
+    for term, v in zip(terms, (v for v in ctx.inputs if v is not None)):
+        for c, n in zip(term, v.shape):
+            if extent.setdefault(c, n) != n:
+                raise _CannotConvert(f"Einsum node {ctx.name!r}: axes labelled {c!r} differ in size "
+                                     f"({extent[c]} and {n}); broadcasting them is not supported")  # fmt: skip
+    return [ctx.node("Einsum", [v for v in ctx.inputs if v is not None], {"equation": f"{','.join(terms)}->{out}"})]
+
+
 def _fold_only(ctx: _Ctx) -> list[Node]:
     raise _CannotConvert(
         f"{ctx.op} node {ctx.name!r} must fold to a constant, but its inputs are only known at run time"
@@ -537,6 +606,15 @@ ONNX_OPS: dict[str, Callable[[_Ctx], list[Node]]] = {
     "Max": _variadic,
     "Min": _variadic,
     "TopK": TopK,
+    "GatherElements": GatherElements,
+    "GatherND": GatherND,
+    "ScatterElements": ScatterElements,
+    "Scatter": ScatterElements,  # its deprecated name (opset 9-10)
+    "ScatterND": ScatterND,
+    "OneHot": OneHot,
+    "Trilu": Trilu,
+    "CumSum": CumSum,
+    "Einsum": Einsum,
     "ArgMax": _arg_reduce,
     "ArgMin": _arg_reduce,
     **dict.fromkeys(FOLD_ONLY, _fold_only),

@@ -103,12 +103,14 @@ def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[S
         out = None
     if out is not None and (s.stage(out).compute_at != "root" or dag.is_output(name)):
         out = None  # an output is computed at root, so it cannot live inside its consumer's tile
+    v = max(i for i, a in enumerate(axes) if a.extent > 1)
+    if out is not None and all(it.name != s.stage(out).op.axes[v].name for it in s.stage(out).iters):
+        out = None  # another reduction the consumer reads already tiled it (a scatter's max and its hit count)
     if out is None:
         s = s.cache_write(name)
         local, out = f"{name}.local", name
     else:
         local = name
-    v = max(i for i, a in enumerate(axes) if a.extent > 1)
     wide = axes[v].extent % (2 * vector) == 0 and axes[v].extent >= 4 * vector
     lanes = 2 * vector if wide else _lanes(axes[v].extent, max(vector, 8))
     b = _block_axis(s, local, v)
