@@ -132,6 +132,8 @@ def _resize(b: _Builder, draw, v: str) -> str | None:
 def _concat(b: _Builder, draw, v: str) -> str | None:
     n, c, h, w = b.shapes[v]
     others = [u for u, s in b.shapes.items() if s[0] == n and s[2:] == (h, w) and s[1] + c <= 2 * MAX_CHANNELS]
+    if not others:
+        return None
     u = draw(st.sampled_from(others))
     return b.node("Concat", [v, u], (n, c + b.shapes[u][1], h, w), axis=1)
 

@@ -51,6 +51,17 @@ def test_outputs_folded_to_constants_are_copied_out(tmp_path):
     assert got["s"].tolist() == [1, 4]
 
 
+def test_an_output_folded_to_a_constant_is_read_by_a_later_kernel_from_the_constants(tmp_path):
+    # conv(c) folds to a constant that is both an output and read by the Concat: the Concat's kernel read it from the
+    # output buffer, which the entry fills only after the kernels ran (the graph fuzzer's first wrong answer)
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in [("c", (1, 2, 2, 2)), ("w", (2, 2, 1, 1))]]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["c", "w"], ["k"]), helper.make_node("Concat", ["k", "x"], ["y"], axis=1)]
+    model = _model(nodes, [("x", [1, 1, 2, 2])], [("y", [1, 3, 2, 2]), ("k", [1, 2, 2, 2])], inits)
+    _matches_onnxruntime(model, {"x": rng.standard_normal((1, 1, 2, 2)).astype(np.float32)}, tmp_path)
+
+
 def test_a_model_that_folds_to_constants_alone_compiles(tmp_path):
     # no kernel at all: the library holds the entry and the constants ("nothing to compile" before)
     model = _model([helper.make_node("Shape", ["x"], ["s"])], [("x", [1, 4])], [("s", [2], TensorProto.INT64)])

@@ -55,12 +55,14 @@ def _entry_source(
     outputs = {id(v): i for i, v in enumerate(graph.outputs)}
 
     def ptr(v: Value) -> str:
-        if id(v) in outputs:
-            return f"outputs[{outputs[id(v)]}]"
-        if id(v) in inputs:
-            return f"inputs[{inputs[id(v)]}]"
+        # a constant or an input that is also an output is read where it is, not from the output buffer, which the
+        # entry fills with it only after the kernels ran
         if id(v) in params:
             return f"(void*)(tilefarm_params + {params[id(v)]})"
+        if id(v) in inputs:
+            return f"inputs[{inputs[id(v)]}]"
+        if id(v) in outputs:
+            return f"outputs[{outputs[id(v)]}]"
         return f"(void*)(ws + {offsets[id(v)]})"
 
     kernels = sorted({_kernel_name(c.task): len(c.args) + bool(scratch[_kernel_name(c.task)]) for c in calls}.items())
@@ -84,19 +86,22 @@ def _entry_source(
     written = {id(v) for c in calls for v in c.args[len(c.task.dag.inputs) :]}
     for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
         if id(v) not in written and (id(v) in inputs or id(v) in params):
-            src = f"inputs[{inputs[id(v)]}]" if id(v) in inputs else f"tilefarm_params + {params[id(v)]}"
+            src = ptr(v)
             lines.append(f"    memcpy(outputs[{i}], {src}, {v.nbytes});")
     lines += ["    return 0;", "}"]
     return "\n".join(lines) + "\n"
 
 
 def _where(v: Value, graph: Graph, params: dict[int, int], offsets: dict[int, int]) -> list:
-    """Where a kernel argument lives, for profiling calls one by one: [kind, index or byte offset]."""
-    for kind, vs in (("output", graph.outputs), ("input", graph.inputs)):
+    """Where a kernel argument lives, for profiling calls one by one: [kind, index or byte offset] (as the entry's
+    `ptr` finds it: a constant or an input that is also an output where it is)."""
+    if id(v) in params:
+        return ["param", params[id(v)]]
+    for kind, vs in (("input", graph.inputs), ("output", graph.outputs)):
         for i, x in enumerate(vs):
             if x is v:
                 return [kind, i]
-    return ["param", params[id(v)]] if id(v) in params else ["workspace", offsets[id(v)]]
+    return ["workspace", offsets[id(v)]]
 
 
 def _header(graph: Graph, name: str) -> str:

@@ -69,6 +69,16 @@ import numpy as np
 NCHWC = "NCHWc"  # the `layout` / `data_layout` / `out_layout` attribute value of channel-blocked data
 
 
+def pooled_extent(n: int, before: int, after: int, span: int, stride: int, ceil_mode: bool) -> int:
+    """The windows a pooling of `span` (a dilated kernel) takes along an axis of `n` padded by `before` and `after`.
+    With ceil_mode a last window that would start in the trailing padding is dropped, as onnxruntime and PyTorch
+    do (onnx's shape inference keeps it)."""
+    if not ceil_mode:
+        return (n + before + after - span) // stride + 1
+    o = -(-(n + before + after - span) // stride) + 1
+    return o - 1 if (o - 1) * stride >= n + before else o
+
+
 @dataclass(frozen=True)
 class TensorType:
     shape: tuple[int, ...]

@@ -37,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.base import dtypes
 from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
-from compiler.model.graph import Graph, Node, TensorType, Value
+from compiler.model.graph import Graph, Node, TensorType, Value, pooled_extent
 from compiler.model.onnx_import.converters import AXES_INPUT_FROM, FOLD_ONLY, ONNX_OPS, _CannotConvert, _Ctx
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
@@ -229,6 +229,26 @@ def _sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
 
 
+def _ceil_mode_shapes(nodes: list[onnx.NodeProto], types: dict[str, _Type]) -> dict[str, tuple[int, ...]]:
+    """The shapes of pool outputs under ceil_mode as onnxruntime computes them (`pooled_extent`: a last window that
+    would start in the trailing padding is dropped), where onnx's inference keeps that window."""
+    out = {}
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type not in ("MaxPool", "AveragePool") or not attrs.get("ceil_mode"):
+            continue
+        x = types.get(node.input[0])
+        if x is None or x.shape is None or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        sp = len(x.shape) - 2
+        k, s = attrs["kernel_shape"], attrs.get("strides", [1] * sp)
+        d, p = attrs.get("dilations", [1] * sp), attrs.get("pads", [0] * 2 * sp)
+        spatial = [pooled_extent(n, p[i], p[sp + i], (k[i] - 1) * d[i] + 1, s[i], True)
+                   for i, n in enumerate(x.shape[2:])]  # fmt: skip
+        out[node.output[0]] = (*x.shape[:2], *(max(o, 0) for o in spatial))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- import state
 
 
@@ -390,6 +410,14 @@ class _State:
         return full, body
 
     def infer(self) -> None:
+        self._infer()
+        fixed = _ceil_mode_shapes(self.nodes, self.types)
+        if any(self.types[name].shape != shape for name, shape in fixed.items()):
+            self._infer(fixed)  # again, from the pool outputs' true shapes on
+
+    def _infer(self, known: dict[str, tuple[int, ...]] | None = None) -> None:
+        """onnx's shape inference over the remaining nodes; `known` gives values' shapes it is to take as they are."""
+        known = known or {}
         g = helper.make_graph(
             self.nodes,
             "infer",
@@ -404,6 +432,7 @@ class _State:
             ],
             [helper.make_empty_tensor_value_info(n) for n in self.outputs],
             initializer=[numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= SMALL_CONST],
+            value_info=[helper.make_tensor_value_info(n, self.types[n].elem, s) for n, s in known.items()],
         )
         model = helper.make_model(g, opset_imports=self.proto.opset_import, ir_version=max(self.proto.ir_version, 4))
         try:

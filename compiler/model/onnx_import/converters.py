@@ -106,13 +106,16 @@ def _filled(ctx: _Ctx, defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
-    """Explicit pads for auto_pad SAME_UPPER/SAME_LOWER: output = ceil(in / stride), the odd pixel at the end/begin."""
+    """Explicit pads for auto_pad SAME_UPPER/SAME_LOWER: output = ceil(in / stride), the odd pixel at the end/begin.
+    A stride longer than the window makes them negative, as the spec's formula and onnxruntime do: the input is
+    cropped (`_cropped`)."""
     begin, end = [], []
     for size, k, s, d in zip(sizes, kernel, strides, dilations):
-        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
-        small, big = total // 2, total - total // 2
-        begin.append(small if auto_pad == "SAME_UPPER" else big)
-        end.append(big if auto_pad == "SAME_UPPER" else small)
+        total = (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size
+        # halved toward zero, as onnxruntime does: the same as the spec's floor where the total is not negative
+        head = int(total / 2) if auto_pad == "SAME_UPPER" else int((total + 1) / 2)
+        begin.append(head)
+        end.append(total - head)
     return begin + end
 
 
@@ -129,6 +132,20 @@ def _window_attrs(ctx: _Ctx, kernel: list[int]) -> dict[str, Any]:
     else:
         pads = list(ctx.attrs.get("pads", [0] * 2 * n))
     return {"kernel_shape": list(kernel), "strides": strides, "pads": pads, "dilations": dilations}
+
+
+def _cropped(ctx: _Ctx, op: str, attrs: dict[str, Any]) -> list[Node]:
+    """The windowed op `op` with `attrs`, its input first cropped by the negative pads (made 0) a SAME auto_pad gave."""
+    pads, x = attrs["pads"], ctx.inputs[0]
+    n = len(pads) // 2
+    if min(pads) >= 0:
+        return [ctx.node(op, ctx.inputs, attrs)]
+    starts = [max(-b, 0) for b in pads[:n]]
+    ends = [size + min(e, 0) for size, e in zip(x.shape[2:], pads[n:])]
+    cropped = ctx.temp("cropped", (*x.shape[:2], *(e - s for s, e in zip(starts, ends))), x.dtype)
+    crop = {"starts": starts, "ends": ends, "axes": list(range(2, 2 + n)), "steps": [1] * n}
+    attrs = {**attrs, "pads": [max(p, 0) for p in pads]}
+    return [ctx.node("Slice", [x], crop, [cropped]), ctx.node(op, [cropped, *ctx.inputs[1:]], attrs)]
 
 
 def _plain(ctx: _Ctx) -> list[Node]:
@@ -161,7 +178,7 @@ def _with_defaults(ctx: _Ctx) -> list[Node]:
 
 def Conv(ctx: _Ctx) -> list[Node]:
     kernel = ctx.attrs.get("kernel_shape", list(ctx.inputs[1].shape[2:]))
-    return [ctx.node("Conv", ctx.inputs, {**_window_attrs(ctx, kernel), "group": ctx.attrs.get("group", 1)})]
+    return _cropped(ctx, "Conv", {**_window_attrs(ctx, kernel), "group": ctx.attrs.get("group", 1)})
 
 
 def ConvTranspose(ctx: _Ctx) -> list[Node]:
@@ -225,7 +242,7 @@ def _pool(ctx: _Ctx) -> list[Node]:
         attrs["storage_order"] = ctx.attrs.get("storage_order", 0)
     else:
         attrs["count_include_pad"] = ctx.attrs.get("count_include_pad", 0)
-    return [ctx.node(ctx.op, ctx.inputs, attrs)]
+    return _cropped(ctx, ctx.op, attrs)
 
 
 def _softmax(ctx: _Ctx) -> list[Node]:
@@ -289,7 +306,9 @@ def _reduce(ctx: _Ctx) -> list[Node]:
     rank = len(x.shape)
     axes = ctx.ints(1, "axes") if ctx.opset >= AXES_INPUT_FROM[ctx.op] else ctx.attrs.get("axes")
     if not axes:
-        if ctx.attrs.get("noop_with_empty_axes", 0):
+        if ctx.attrs.get("noop_with_empty_axes", 0):  # no reduction, but the op's elementwise parts: L1 gives |x|
+            if ctx.op in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum"):
+                return [ctx.node(ctx.op, [x], {"axes": [], "keepdims": 1, "noop_with_empty_axes": 1})]
             return [ctx.node("Identity", [x])]
         axes = list(range(rank))
     attrs = {"axes": _axes(axes, rank), "keepdims": ctx.attrs.get("keepdims", 1), "noop_with_empty_axes": 0}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import functools
-import math
 import operator
 from collections.abc import Sequence
 
 from compiler.base.errors import InvalidExpr
-from compiler.model.graph import NCHWC
+from compiler.model.graph import NCHWC, pooled_extent
 from compiler.tensor import te
 from compiler.tensor.ops.checks import (
     FLOATS,
@@ -464,12 +463,7 @@ def _pool_geometry(op: str, x: te.Tensor, attrs: dict):
         span = (k - 1) * dl + 1
         if n + b + e < span:
             raise InvalidExpr(f"{op}: the window ({span}) is larger than the padded input ({n + b + e}) on dim {d}")
-        o = (n + b + e - span) // s + 1
-        if attrs.get("ceil_mode", 0):
-            o = math.ceil((n + b + e - span) / s) + 1
-            if (o - 1) * s >= n + b:  # the last window must start inside the input or its leading padding
-                o -= 1
-        dims.append((n, b, e, k, s, dl, o))
+        dims.append((n, b, e, k, s, dl, pooled_extent(n, b, e, span, s, bool(attrs.get("ceil_mode", 0)))))
     return dims
 
 

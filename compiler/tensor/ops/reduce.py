@@ -138,8 +138,9 @@ def reduce(op: str):
         _dtype_in(op, x, allowed)
         axes, keepdims = list(attrs.get("axes", [])), bool(attrs.get("keepdims", 1))
         if not axes:
-            if attrs.get("noop_with_empty_axes", 0):
-                return [te.compute(x.shape, lambda *i: x[i], name=name, tag="injective")]
+            if attrs.get("noop_with_empty_axes", 0):  # nothing reduced, the elementwise parts applied as ONNX says
+                done = post or (lambda v: v)
+                return [te.compute(x.shape, lambda *i: done(pre(x[i])), name=name, tag="elemwise")]
             axes = list(range(x.ndim))
         axes = _reduced_axes(op, x, axes)
         if op == "ReduceLogSumExp":

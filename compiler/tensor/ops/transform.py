@@ -269,22 +269,24 @@ def _source_coord(i: Expr, n: int, m: int, scale: float, mode: str, roi: tuple[f
     compute it: the same operations in the same order, so ties and edges round the same way."""
     x = te.cast("float64", i)
     out_width = scale * n  # the reference's own float, not m
-    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and out_width != 1):
+    # length_resized is the output's length `m`, as onnxruntime and PyTorch take it (onnx's reference evaluator takes
+    # scale * n for align_corners); half_pixel_symmetric alone reads the unrounded scale * n
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and m != 1):
         return (x + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return te.const(-0.5, "float64")
+    if mode == "pytorch_half_pixel":  # an output of one: the spec's 0 (onnxruntime's; onnx's reference takes -0.5,
+        return te.const(0.0, "float64")  # which only cubic tells apart, its taps unclamped)
     if mode == "half_pixel_symmetric":  # half_pixel, re-centred when m was rounded from scale * n
         offset = n / 2 * (1 - m / out_width)
         return offset + (x + 0.5) / scale - 0.5
     if mode == "asymmetric":
         return x / scale
     if mode == "align_corners":
-        return te.const(0.0, "float64") if out_width == 1 else x * float(n - 1) / (out_width - 1)
+        return te.const(0.0, "float64") if m == 1 else x * float(n - 1) / (m - 1)
     if mode == "tf_crop_and_resize":
         lo, hi = roi
-        if out_width == 1:
+        if m == 1:
             return te.const((hi - lo) * (n - 1) / 2 + lo * (n - 1), "float64")
-        return x * (hi - lo) * float(n - 1) / (out_width - 1) + lo * (n - 1)
+        return x * (hi - lo) * float(n - 1) / (m - 1) + lo * (n - 1)
     raise InvalidExpr(
         f"Resize: coordinate_transformation_mode {mode!r} is not supported (half_pixel, half_pixel_symmetric,"
         " pytorch_half_pixel, asymmetric, align_corners and tf_crop_and_resize are)"

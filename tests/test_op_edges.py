@@ -1,0 +1,69 @@
+"""Attribute corners the per-op fuzzer (tests/test_op_fuzz.py) found where tilefarm and onnxruntime disagreed, each
+pinned by its smallest model and compared with onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.artifact.build import compile_model
+from compiler.artifact.runtime import Artifact
+
+
+def _matches_onnxruntime(node, x: np.ndarray, tmp_path, inits=()) -> None:
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    compile_model(model, tmp_path / "m.tar")
+    got = Artifact.load(tmp_path / "m.tar").run({"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+X = np.random.default_rng(0).standard_normal((1, 2, 7, 5)).astype(np.float32)
+ROI = numpy_helper.from_array(np.array([], np.float32), "roi")
+
+
+def test_resize_pytorch_half_pixel_to_one_pixel_reads_the_first(tmp_path):
+    # length_resized 1: the source coordinate is 0 (tilefarm took onnx's reference's -0.5, which cubic tells apart)
+    sizes = numpy_helper.from_array(np.array([1, 2, 1, 1], np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="cubic",
+                            coordinate_transformation_mode="pytorch_half_pixel")  # fmt: skip
+    _matches_onnxruntime(node, X, tmp_path, [ROI, sizes])
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_align_corners_divides_by_the_output_length(tmp_path, mode):
+    # a scale of 2.5 on 5 columns makes 12 (12.5 rounded down): the corners align over 11 steps, not 11.5
+    scales = numpy_helper.from_array(np.array([1, 1, 1, 2.5], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode=mode,
+                            coordinate_transformation_mode="align_corners")  # fmt: skip
+    _matches_onnxruntime(node, X, tmp_path, [ROI, scales])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_ceil_mode_drops_a_last_window_that_starts_in_the_padding(tmp_path, op):
+    # 7 rows, window 2, stride 3, pads 1: ceil gives 4 windows, the last starting at row 8 (past the input): 3
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], strides=[3, 3], pads=[1, 1, 1, 1], ceil_mode=1)
+    _matches_onnxruntime(node, X, tmp_path)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("op", ["Conv", "MaxPool", "AveragePool"])
+def test_same_padding_with_a_stride_past_the_window_crops(tmp_path, op, auto_pad):
+    # stride 3 over a window of 1 on 7 rows: 3 outputs, the pads (3 - 1) * 3 + 1 - 7 = -1 negative, halved toward
+    # zero as onnxruntime does: the input is cropped, not padded
+    inits = [numpy_helper.from_array(np.ones((3, 2, 1, 2), np.float32), "w")] if op == "Conv" else []
+    node = helper.make_node(op, ["x", "w"] if op == "Conv" else ["x"], ["y"], auto_pad=auto_pad, kernel_shape=[1, 2],
+                            strides=[3, 4])  # fmt: skip
+    _matches_onnxruntime(node, X, tmp_path, inits)
+
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum"])
+def test_a_reduction_over_no_axes_still_applies_its_elementwise_parts(tmp_path, op):
+    # noop_with_empty_axes: nothing is reduced, but L1 still gives |x|, SumSquare x*x, LogSum log(x)
+    node = helper.make_node(op, ["x"], ["y"], noop_with_empty_axes=1)
+    _matches_onnxruntime(node, np.abs(X) + 0.5 if op == "ReduceLogSum" else X, tmp_path)
