@@ -38,9 +38,13 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.base import dtypes
 from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
 from compiler.model.graph import Graph, Node, TensorType, Value, pooled_extent
-from compiler.model.onnx_import.converters import AXES_INPUT_FROM, FOLD_ONLY, ONNX_OPS, _CannotConvert, _Ctx
+from compiler.model.onnx_import.converters import AXES_INPUT_FROM, CONVERTERS, FOLD_ONLY, _CannotConvert, _Ctx
+from compiler.model.onnx_import.recurrent import RECURRENT
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
+
+# op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
+ONNX_OPS = {**CONVERTERS, **RECURRENT}
 
 MIN_OPSET = 11
 INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's inliner expands their function bodies
@@ -54,7 +58,7 @@ PARAM_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), **dict.fromkeys(AXES_INPUT_FROM, (1,)),
     "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
-    "CumSum": (1,), "OneHot": (1, 2),
+    "CumSum": (1,), "OneHot": (1, 2), "LSTM": (1, 2, 3, 4, 7), "GRU": (1, 2, 3, 4), "RNN": (1, 2, 3, 4),
 }  # fmt: skip
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
 # bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap

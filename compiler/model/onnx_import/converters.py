@@ -589,8 +589,8 @@ PLAIN_OPS = [
     "Or", "Xor", "GlobalAveragePool", "GlobalMaxPool", "Identity",
 ]  # fmt: skip
 
-# op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
-ONNX_OPS: dict[str, Callable[[_Ctx], list[Node]]] = {
+# op_type -> converter returning the normalized Node(s) (with the recurrent ops of recurrent.py: ONNX_OPS)
+CONVERTERS: dict[str, Callable[[_Ctx], list[Node]]] = {
     **dict.fromkeys(PLAIN_OPS, _plain),
     **dict.fromkeys(SCALAR_DEFAULTS, _with_defaults),
     "Conv": Conv,
