@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.artifact.build import compile_model
 from compiler.artifact.runtime import Artifact
+from compiler.base.errors import InvalidModel
 
 
 def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
@@ -102,3 +103,19 @@ def test_run_reports_a_zero_element_output_without_a_traceback(tmp_path, profile
     out = subprocess.run(cmd + (["--profile"] if profile else []), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert "y: float32[1, 0]  (no elements)" in out.stdout
+
+
+def test_a_model_with_external_data_compiles_from_its_path_and_a_missing_file_is_named(tmp_path):
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [1, 64])], [("y", [1, 32])], [w])
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="weights.bin", size_threshold=0)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    compile_model(tmp_path / "m.onnx", tmp_path / "m.tar")
+    np.testing.assert_allclose(Artifact.load(tmp_path / "m.tar").run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidModel, match="external files .*weights.bin.*by its path"):
+        compile_model((tmp_path / "m.onnx").read_bytes(), tmp_path / "b.tar")
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(InvalidModel, match="m.onnx keeps tensors in external files not found in .*'w' in 'weights"):
+        compile_model(tmp_path / "m.onnx", tmp_path / "c.tar")

@@ -113,14 +113,37 @@ def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
             proto.ParseFromString(bytes(model))
         except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-like errors from the C++ parser
             raise InvalidModel(f"not an ONNX model (protobuf parse failed: {e})") from None
+        if _external_files(proto):
+            raise InvalidModel(
+                f"the model keeps tensors in external files ({', '.join(sorted(set(_external_files(proto).values())))}"
+                "), which bytes alone do not carry: load it by its path, with those files beside it"
+            )
         return proto
     path = Path(model)
     if not path.is_file():
         raise InvalidModel(f"no such model file: {path}")
     try:
-        return onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:
         raise InvalidModel(f"{path} is not an ONNX model ({type(e).__name__}: {e})") from None
+    missing = {t: f for t, f in _external_files(proto).items() if not (path.parent / f).is_file()}
+    if missing:
+        listing = ", ".join(f"{t!r} in {f!r}" for t, f in sorted(missing.items()))
+        raise InvalidModel(f"{path.name} keeps tensors in external files not found in {path.parent}: {listing}")
+    try:
+        onnx.load_external_data_for_model(proto, str(path.parent))
+    except Exception as e:
+        raise InvalidModel(f"{path}: its external data cannot be read ({type(e).__name__}: {e})") from None
+    return proto
+
+
+def _external_files(proto: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name -> the external data file (ONNX's `location`) of every initializer stored outside the model."""
+    out = {}
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            out[t.name] = next((e.value for e in t.external_data if e.key == "location"), "")
+    return out
 
 
 def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
