@@ -34,49 +34,51 @@ def _const(name: str, a: np.ndarray):
     return numpy_helper.from_array(a, name)
 
 
-@st.composite
-def conv(draw):
-    n, c, h, w = _image(draw)
+def _kernel(draw, c: int, transposed: bool):
+    """A conv's group, kernel size, weight (and perhaps bias) initializers, its input names and a data generator."""
     group = draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
     co = group * draw(st.integers(1, 3))
     k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    shape = (c, co // group, *k) if transposed else (co, c // group, *k)
+    inits, ins = [_const("w", rng.standard_normal(shape).astype(np.float32))], ["x", "w"]
+    if draw(st.booleans()):
+        inits.append(_const("b", rng.standard_normal(co).astype(np.float32)))
+        ins.append("b")
+    return group, k, inits, ins, rng
+
+
+def _auto_pad(draw) -> str:
+    return draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+
+
+@st.composite
+def conv(draw):
+    n, c, h, w = _image(draw)
+    group, k, inits, ins, rng = _kernel(draw, c, transposed=False)
     attrs = {"kernel_shape": list(k), "strides": [draw(st.integers(1, 3)), draw(st.integers(1, 3))],
              "dilations": [draw(st.integers(1, 3)), draw(st.integers(1, 3))], "group": group}  # fmt: skip
-    auto = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    auto = _auto_pad(draw)
     if auto == "NOTSET":
         attrs["pads"] = [draw(st.integers(0, 3)) for _ in range(4)]
     else:
         attrs["auto_pad"] = auto
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    inits = [_const("w", rng.standard_normal((co, c // group, *k)).astype(np.float32))]
-    ins = ["x", "w"]
-    if draw(st.booleans()):
-        inits.append(_const("b", rng.standard_normal(co).astype(np.float32)))
-        ins.append("b")
     return _model(helper.make_node("Conv", ins, ["y"], **attrs), (n, c, h, w), inits), rng
 
 
 @st.composite
 def conv_transpose(draw):
     n, c, h, w = _image(draw, max_side=8)
-    group = draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
-    co = group * draw(st.integers(1, 3))
-    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    group, k, inits, ins, rng = _kernel(draw, c, transposed=True)
     strides = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
     dilations = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
     attrs = {"kernel_shape": list(k), "strides": strides, "dilations": dilations, "group": group}
-    auto = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    auto = _auto_pad(draw)
     if auto == "NOTSET":
         attrs["pads"] = [draw(st.integers(0, (k[i % 2] - 1) * dilations[i % 2])) for i in range(4)]
         attrs["output_padding"] = [draw(st.integers(0, max(strides[i], dilations[i]) - 1)) for i in range(2)]
     else:
         attrs["auto_pad"] = auto
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    inits = [_const("w", rng.standard_normal((c, co // group, *k)).astype(np.float32))]
-    ins = ["x", "w"]
-    if draw(st.booleans()):
-        inits.append(_const("b", rng.standard_normal(co).astype(np.float32)))
-        ins.append("b")
     return _model(helper.make_node("ConvTranspose", ins, ["y"], **attrs), (n, c, h, w), inits), rng
 
 
@@ -122,7 +124,7 @@ def pool(draw):
         attrs["dilations"] = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
     else:
         attrs["count_include_pad"] = draw(st.integers(0, 1))
-    auto = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    auto = _auto_pad(draw)
     if auto == "NOTSET":
         # a dilated window can fall wholly in the padding, where onnxruntime gives -FLT_MAX and onnx's reference 0
         dilated = any(d > 1 for d in attrs.get("dilations", []))

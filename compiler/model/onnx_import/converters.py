@@ -105,13 +105,14 @@ def _filled(ctx: _Ctx, defaults: dict[str, Any]) -> dict[str, Any]:
     return {k: ctx.attrs.get(k, d) for k, d in defaults.items()}
 
 
-def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
+def _same_pads(auto_pad: str, sizes, kernel, strides, dilations, crop: bool) -> list[int]:
     """Explicit pads for auto_pad SAME_UPPER/SAME_LOWER: output = ceil(in / stride), the odd pixel at the end/begin.
-    A stride longer than the window makes them negative, as the spec's formula and onnxruntime do: the input is
-    cropped (`_cropped`)."""
+    A stride longer than the window makes the spec's formula negative: with `crop` (pools, as onnxruntime's
+    AveragePool) the input is cropped (`_cropped`), else (convs, as onnxruntime, TensorFlow and PyTorch) not padded."""
     begin, end = [], []
     for size, k, s, d in zip(sizes, kernel, strides, dilations):
         total = (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size
+        total = total if crop else max(total, 0)
         # halved toward zero, as onnxruntime does: the same as the spec's floor where the total is not negative
         head = int(total / 2) if auto_pad == "SAME_UPPER" else int((total + 1) / 2)
         begin.append(head)
@@ -119,14 +120,14 @@ def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
     return begin + end
 
 
-def _window_attrs(ctx: _Ctx, kernel: list[int]) -> dict[str, Any]:
+def _window_attrs(ctx: _Ctx, kernel: list[int], crop: bool = False) -> dict[str, Any]:
     """kernel_shape, strides, dilations and auto_pad resolved into pads, shared by Conv and the pools."""
     n = len(kernel)
     strides = list(ctx.attrs.get("strides", [1] * n))
     dilations = list(ctx.attrs.get("dilations", [1] * n))
     auto_pad = ctx.attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = _same_pads(auto_pad, ctx.inputs[0].shape[2:], kernel, strides, dilations)
+        pads = _same_pads(auto_pad, ctx.inputs[0].shape[2:], kernel, strides, dilations, crop)
     elif auto_pad == "VALID":
         pads = [0] * 2 * n
     else:
@@ -135,7 +136,7 @@ def _window_attrs(ctx: _Ctx, kernel: list[int]) -> dict[str, Any]:
 
 
 def _cropped(ctx: _Ctx, op: str, attrs: dict[str, Any]) -> list[Node]:
-    """The windowed op `op` with `attrs`, its input first cropped by the negative pads (made 0) a SAME auto_pad gave."""
+    """The pool `op` with `attrs`, its input first cropped by the negative pads (made 0) a SAME auto_pad gave."""
     pads, x = attrs["pads"], ctx.inputs[0]
     n = len(pads) // 2
     if min(pads) >= 0:
@@ -178,7 +179,7 @@ def _with_defaults(ctx: _Ctx) -> list[Node]:
 
 def Conv(ctx: _Ctx) -> list[Node]:
     kernel = ctx.attrs.get("kernel_shape", list(ctx.inputs[1].shape[2:]))
-    return _cropped(ctx, "Conv", {**_window_attrs(ctx, kernel), "group": ctx.attrs.get("group", 1)})
+    return [ctx.node("Conv", ctx.inputs, {**_window_attrs(ctx, kernel), "group": ctx.attrs.get("group", 1)})]
 
 
 def ConvTranspose(ctx: _Ctx) -> list[Node]:
@@ -236,7 +237,7 @@ def Clip(ctx: _Ctx) -> list[Node]:
 
 def _pool(ctx: _Ctx) -> list[Node]:
     ctx.first_output_only()  # MaxPool's optional Indices
-    attrs = _window_attrs(ctx, ctx.attrs["kernel_shape"])
+    attrs = _window_attrs(ctx, ctx.attrs["kernel_shape"], crop=True)
     attrs["ceil_mode"] = ctx.attrs.get("ceil_mode", 0)
     if ctx.op == "MaxPool":
         attrs["storage_order"] = ctx.attrs.get("storage_order", 0)
