@@ -118,7 +118,13 @@ def _outcome(report) -> str | None:
     return None
 
 
+_corpus: list[dict] = []  # the real-model corpus' rows (tests/test_corpus.py)
+
+
 def pytest_runtest_logreport(report):
+    row = dict(report.user_properties).get("corpus")
+    if row is not None and report.when == "call":
+        _corpus.append(row)
     ops = dict(report.user_properties).get("onnx_ops")
     outcome = _outcome(report)
     if ops is None or outcome is None:
@@ -129,9 +135,13 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    write = terminalreporter.write_line
+    if _corpus:
+        terminalreporter.section("real-model corpus (tests/corpus.py)")
+        for r in sorted(_corpus, key=lambda r: r["model"]):
+            write(f"{r['model']:<22} {r['converter']:<22} opset {r['opset']:>2}  {r['ops']:>3} op types  {r['result']}")
     if not _cases:
         return
-    write = terminalreporter.write_line
     terminalreporter.section("ONNX conformance per op (a case counts once for each op type in its graph)")
     width = max(len(op) for op in _by_op)
     write(f"{'op':<{width}}  " + "  ".join(f"{o:>7}" for o in OUTCOMES))
