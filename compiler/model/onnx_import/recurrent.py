@@ -33,11 +33,6 @@ class _Unroller:
     def const(self, suffix: str, a: np.ndarray) -> Value:
         return self.ctx.constant(suffix, np.ascontiguousarray(a.astype(self.dtype)))
 
-    def columns(self, v: Value, start: int, width: int) -> Value:
-        b = v.shape[0]
-        attrs = {"starts": [start], "ends": [start + width], "axes": [1], "steps": [1]}
-        return self.emit("Slice", [v], (b, width), attrs)
-
     def activate(self, name: str, v: Value) -> Value:
         return self.emit(name, [v], v.shape)
 
