@@ -51,6 +51,14 @@ def test_ceil_mode_drops_a_last_window_that_starts_in_the_padding(tmp_path, op):
     _matches_onnxruntime(node, X, tmp_path)
 
 
+def test_ceil_mode_under_valid_padding_and_an_empty_output(tmp_path):
+    # 2 rows, stride 2, window 1: ceil gives 2 windows, the second starting past the input: 1 row; the output is
+    # empty (a window of 2 over 1 column), so onnx's inferred shape, which keeps 2 rows, was the one returned
+    node = helper.make_node("AveragePool", ["x"], ["y"], auto_pad="VALID", ceil_mode=1, kernel_shape=[1, 2],
+                            strides=[2, 1])  # fmt: skip
+    _matches_onnxruntime(node, X[:, :1, :2, :1], tmp_path)
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
 @pytest.mark.parametrize("op", ["Conv", "AveragePool"])
 def test_same_padding_with_a_stride_past_the_window(tmp_path, op, auto_pad):

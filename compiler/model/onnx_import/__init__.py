@@ -265,11 +265,14 @@ def _ceil_mode_shapes(nodes: list[onnx.NodeProto], types: dict[str, _Type]) -> d
         if node.op_type not in ("MaxPool", "AveragePool") or not attrs.get("ceil_mode"):
             continue
         x = types.get(node.input[0])
-        if x is None or x.shape is None or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        auto_pad = attrs.get("auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if x is None or x.shape is None or auto_pad not in ("NOTSET", "VALID"):  # SAME sizes ignore ceil_mode
             continue
         sp = len(x.shape) - 2
         k, s = attrs["kernel_shape"], attrs.get("strides", [1] * sp)
-        d, p = attrs.get("dilations", [1] * sp), attrs.get("pads", [0] * 2 * sp)
+        d = attrs.get("dilations", [1] * sp)
+        p = attrs.get("pads", [0] * 2 * sp) if auto_pad == "NOTSET" else [0] * 2 * sp
         spatial = [pooled_extent(n, p[i], p[sp + i], (k[i] - 1) * d[i] + 1, s[i], True)
                    for i, n in enumerate(x.shape[2:])]  # fmt: skip
         out[node.output[0]] = (*x.shape[:2], *(max(o, 0) for o in spatial))
