@@ -1,5 +1,6 @@
-"""The ONNX_OPS converters: each turns one ONNX node (a `_Ctx`) into normalized graph nodes (`compiler.model.graph`'s
-contract): attributes filled with their defaults, constant inputs turned into attributes, opset differences resolved."""
+"""The converters of most ONNX ops (`CONVERTERS`; with recurrent.py's they make `ONNX_OPS`): each turns one ONNX node
+(a `_Ctx`) into normalized graph nodes (`compiler.model.graph`'s contract): attributes filled with their defaults,
+constant inputs turned into attributes, opset differences resolved."""
 
 from __future__ import annotations
 
