@@ -36,6 +36,13 @@ class _Unroller:
     def activate(self, name: str, v: Value) -> Value:
         return self.emit(name, [v], v.shape)
 
+    def take(self, v: Value, k: int, axis: int) -> Value:
+        """Entry k of a 3-D value's `axis` (a time step, a direction's state), as 2-D."""
+        part = self.emit("Slice", [v], tuple(1 if a == axis else n for a, n in enumerate(v.shape)),
+                         {"starts": [k], "ends": [k + 1], "axes": [axis], "steps": [1]})  # fmt: skip
+        rest = [n for a, n in enumerate(v.shape) if a != axis]
+        return self.emit("Reshape", [part], tuple(rest), {"shape": rest})
+
 
 def _weights(ctx: _Ctx, i: int, what: str) -> np.ndarray | None:
     v = ctx.input(i)
@@ -68,7 +75,7 @@ def recurrent(ctx: _Ctx) -> list[Node]:
     h0 = _state(ctx, u, 5, dirs, batch, hidden, layout)
     c0 = _state(ctx, u, 6, dirs, batch, hidden, layout) if op == "LSTM" else [None] * dirs
     peep = _weights(ctx, 7, "P") if op == "LSTM" else None
-    per_step = _split_steps(u, x, seq, batch, layout)
+    per_step = [u.take(x, t, 1 if layout else 0) for t in range(seq)]  # each [batch, input]
     ys, hs, cs = [], [], []
     for d in range(dirs):
         reverse = direction == "reverse" or d == 1
@@ -109,24 +116,9 @@ def _state(ctx: _Ctx, u: _Unroller, i: int, dirs: int, batch: int, hidden: int, 
     if v is None:
         zero = u.const(f"zero{i}", np.zeros((batch, hidden)))
         return [zero] * dirs
-    out = []
-    for d in range(dirs):
-        axis = 1 if layout else 0
-        part = u.emit("Slice", [v], (1, batch, hidden) if not layout else (batch, 1, hidden),
-                      {"starts": [d], "ends": [d + 1], "axes": [axis], "steps": [1]})  # fmt: skip
-        out.append(u.emit("Reshape", [part], (batch, hidden), {"shape": [batch, hidden]}))
-    return out
+    return [u.take(v, d, 1 if layout else 0) for d in range(dirs)]
 
 
-def _split_steps(u: _Unroller, x: Value, seq: int, batch: int, layout: int) -> list[Value]:
-    """X's time steps, each [batch, input]."""
-    width = x.shape[-1]
-    steps = []
-    for t in range(seq):
-        shape = (batch, 1, width) if layout else (1, batch, width)
-        part = u.emit("Slice", [x], shape, {"starts": [t], "ends": [t + 1], "axes": [1 if layout else 0], "steps": [1]})
-        steps.append(u.emit("Reshape", [part], (batch, width), {"shape": [batch, width]}))
-    return steps
 
 
 class _Step:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from compiler.base.errors import InvalidExpr
 from compiler.tensor import te
 from compiler.tensor.ops.checks import ALL, NUMERIC, _dims, _dtype_in, _input
-from compiler.tensor.ops.transform import _clamp
+from compiler.tensor.ops.transform import _clamp, _position
 
 Ins = Sequence[te.Tensor | None]
 
@@ -21,12 +21,6 @@ Ins = Sequence[te.Tensor | None]
 def _index(op: str, idx: te.Tensor) -> None:
     if idx.dtype not in ("int32", "int64"):
         raise InvalidExpr(f"{op}: indices {idx.name} must be int32 or int64, got {idx.dtype}")
-
-
-def _position(raw: te.Expr, n: int) -> te.Expr:
-    """An index read from data as a position in range(n): negative ones count from the end; clamped."""
-    raw = te.cast("int64", raw)
-    return _clamp(te.select(raw < 0, raw + n, raw), 0, n - 1)
 
 
 def gather_elements(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:

@@ -32,6 +32,13 @@ def _clamp(v: Expr, lo: int, hi: int) -> Expr:
     return te.minimum(te.maximum(v, lo), hi)
 
 
+def _position(raw: Expr, n: int) -> Expr:
+    """An index read from data as a position in range(n): negative ones count from the end; out-of-range ones are
+    clamped rather than read out of bounds."""
+    raw = te.cast("int64", raw)
+    return _clamp(te.select(raw < 0, raw + n, raw), 0, n - 1)
+
+
 # ---------------------------------------------------------------------------------------------- reshapes
 
 
@@ -181,10 +188,7 @@ def gather(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     shape = data.shape[:axis] + idx.shape + data.shape[axis + 1 :]
 
     def body(*i):
-        raw = te.cast("int64", idx[i[axis : axis + idx.ndim]])
-        # negative indices count from the end; out-of-range ones are clamped rather than read out of bounds
-        j = _clamp(te.select(raw < 0, raw + n, raw), 0, n - 1)
-        return data[i[:axis] + (j,) + i[axis + idx.ndim :]]
+        return data[i[:axis] + (_position(idx[i[axis : axis + idx.ndim]], n),) + i[axis + idx.ndim :]]
 
     return [te.compute(shape, body, name=name, tag="injective")]
 
