@@ -25,6 +25,12 @@ UNSUPPORTED: dict[str, str] = {
     "*_string*": "dtype string: tilefarm computes numbers",
     "test_identity_sequence": "sequence input: tilefarm compiles tensors only",
     "test_identity_opt": "optional input: tilefarm compiles tensors only",
+    "test_if_opt": "optional output: tilefarm compiles tensors only",
+    **dict.fromkeys(["test_loop13_seq", "test_loop16_seq_none", "test_if_seq"],
+                    "sequence values carried by a Loop or given by an If: tilefarm compiles tensors only"),
+    "test_loop11": "Slice bounds computed from the iteration number (x[i:i+1]): a run-time slice position is not "
+                   "compiled (a Gather of the iteration number is)",
+    "test_scan_sum": "Scan-8 (a batch axis on every input): onnx's version converter does not upgrade it to Scan-9",
     "test_training_dropout*": "training mode: Dropout is compiled for inference (Identity)",
     "test_batchnorm_*_training_mode": "training mode: BatchNormalization's running statistics are not computed",
     "test_maxpool_with_argmax_*": "extra outputs: the test reads MaxPool's Indices; tilefarm computes only Y",

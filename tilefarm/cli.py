@@ -130,6 +130,7 @@ def _disable_pass_option(p: argparse.ArgumentParser) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
     from compiler.artifact.build import build
+    from compiler.tensor.tasks import kernel_calls
 
     _check_target(args.target)
     _print_feature_edits()
@@ -139,7 +140,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     info = build(graph, args.output, name=name, records=_records_source(args), disabled_passes=args.disable_pass)
     print(
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
-        f"{len(info.calls)} kernel calls, {time.perf_counter() - t:.1f} s"
+        f"{len(kernel_calls(info.calls))} kernel calls, {time.perf_counter() - t:.1f} s"
     )
     if info.forms:
         from compiler.model.passes import describe_forms
@@ -212,7 +213,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from compiler.costs.records import cache_preference, target_name
     from compiler.search.task_scheduler import coverage
-    from compiler.tensor.tasks import constant_bytes, plan_tasks
+    from compiler.tensor.tasks import constant_bytes, kernel_calls, plan_tasks
 
     target = _check_target(args.target)
     if args.trials_per_task <= 0:
@@ -222,7 +223,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print("ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op for n in graph.nodes).most_common()))
     tasks, calls, _ = plan_tasks(graph, args.disable_pass)
     print(
-        f"{len(tasks)} tasks ({len(calls)} kernel calls), {sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
+        f"{len(tasks)} tasks ({len(kernel_calls(calls))} kernel calls), "
+        f"{sum(t.flop_count * t.weight for t in tasks) / 1e9:.3f} GFLOP"
     )
     head = f"{'ID':>3} {'workload key':32} {'weight':>6} {'MFLOP':>10}"
     rows = [f"{i:3d} {t.key} {t.weight:6d} {t.flop_count / 1e6:10.2f}" for i, t in enumerate(tasks)]
@@ -370,10 +372,10 @@ def _print_feature_edits() -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
     from compiler.search.task_scheduler import weights_timed_cold
-    from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, tuning_plan, weights_arrive_cold
+    from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, kernel_calls, tuning_plan, weights_arrive_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
-    print(f"{args.model}: {len(plan.tasks)} tasks, {len(plan.calls)} kernel calls")
+    print(f"{args.model}: {len(plan.tasks)} tasks, {len(kernel_calls(plan.calls))} kernel calls")
     _print_feature_edits()
     if plan.choices:
         print(

@@ -15,93 +15,34 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.artifact.entry import constants, entry_source, kernel_name, plan_layout
 from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
 from compiler.costs.records import CACHE_CONDITIONS, Database, best_replaying, cache_preference, target_name
-from compiler.model.fusion import Group
 from compiler.model.graph import Graph, Value
-from compiler.model.memory_plan import plan_memory
 from compiler.model.optimize import check_disabled
 from compiler.schedule.lower import lower
 from compiler.targets import backend_for, host_target
-from compiler.tensor.tasks import Call, Task, chosen_form, constant_bytes, form_choices, plan_tasks
+from compiler.tensor.tasks import (
+    Call,
+    Control,
+    Step,
+    Task,
+    chosen_form,
+    constant_bytes,
+    form_choices,
+    kernel_calls,
+    plan_tasks,
+)
 
 
 @dataclass
 class BuildInfo:
     tasks: list[Task]
-    calls: list[Call]
+    calls: list[Step]
     forms: dict[str, int] = field(default_factory=dict)  # conv node -> its form, where records overrode the rule
     seconds: dict[str, float] = field(default_factory=dict)
     records_used: dict[str, dict] = field(default_factory=dict)  # task key -> the record applied
-
-
-def _kernel_name(task: Task) -> str:
-    return f"tf_{task.name}_{task.key[:8]}"
-
-
-def _entry_source(
-    graph: Graph,
-    calls: list[Call],
-    params: dict[int, int],
-    offsets: dict[int, int],
-    workspace: int,
-    scratch: dict[str, int],
-    scratch_at: int,
-) -> str:
-    """C for the AOT entry point: every kernel call in order, with pointers into inputs/outputs/params/workspace
-    (and, for a kernel that takes one, its scratch buffer: the workspace from `scratch_at` on, shared by all)."""
-    inputs = {id(v): i for i, v in enumerate(graph.inputs)}
-    outputs = {id(v): i for i, v in enumerate(graph.outputs)}
-
-    def ptr(v: Value) -> str:
-        # a constant or an input that is also an output is read where it is, not from the output buffer, which the
-        # entry fills with it only after the kernels ran
-        if id(v) in params:
-            return f"(void*)(tilefarm_params + {params[id(v)]})"
-        if id(v) in inputs:
-            return f"inputs[{inputs[id(v)]}]"
-        if id(v) in outputs:
-            return f"outputs[{outputs[id(v)]}]"
-        return f"(void*)(ws + {offsets[id(v)]})"
-
-    kernels = sorted({_kernel_name(c.task): len(c.args) + bool(scratch[_kernel_name(c.task)]) for c in calls}.items())
-    lines = [
-        "#include <stddef.h>",
-        "#include <stdint.h>",
-        "#include <string.h>",
-        "extern const unsigned char tilefarm_params[];",
-    ]
-    lines += [f"void {name}({', '.join(['void*'] * n)});" for name, n in kernels]
-    lines += [
-        f"size_t tilefarm_workspace_bytes(void) {{ return {workspace}; }}",
-        "int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace) {",
-        "    unsigned char* ws = (unsigned char*)workspace;",
-        "    (void)ws; (void)inputs;",
-    ]
-    for c in calls:
-        name = _kernel_name(c.task)
-        args = [ptr(v) for v in c.args] + ([f"(void*)(ws + {scratch_at})"] if scratch[name] else [])
-        lines.append(f"    {name}({', '.join(args)});")
-    written = {id(v) for c in calls for v in c.args[len(c.task.dag.inputs) :]}
-    for i, v in enumerate(graph.outputs):  # outputs no kernel writes are copies of an input or a constant
-        if id(v) not in written and (id(v) in inputs or id(v) in params):
-            src = ptr(v)
-            lines.append(f"    memcpy(outputs[{i}], {src}, {v.nbytes});")
-    lines += ["    return 0;", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def _where(v: Value, graph: Graph, params: dict[int, int], offsets: dict[int, int]) -> list:
-    """Where a kernel argument lives, for profiling calls one by one: [kind, index or byte offset] (as the entry's
-    `ptr` finds it: a constant or an input that is also an output where it is)."""
-    if id(v) in params:
-        return ["param", params[id(v)]]
-    for kind, vs in (("input", graph.inputs), ("output", graph.outputs)):
-        for i, x in enumerate(vs):
-            if x is v:
-                return [kind, i]
-    return ["workspace", offsets[id(v)]]
 
 
 def _header(graph: Graph, name: str) -> str:
@@ -116,15 +57,19 @@ def _header(graph: Graph, name: str) -> str:
  * outputs:
 {describe(graph.outputs)}
  * workspace: tilefarm_workspace_bytes() bytes, 64-byte aligned, reusable across calls (not concurrently).
- * threads: set tilefarm_num_threads before calling (0 = all cores). Returns 0 on success. */
+ * threads: set tilefarm_num_threads before calling (0 = all cores). Returns 0 on success.
+ * an output whose leading dim is a bound (a loop's scan output the loop's condition may end early) holds
+ * tilefarm_output_rows(workspace, k) rows after a run; for the others that is their leading dim. */
 #ifndef TILEFARM_{name.upper()}_H
 #define TILEFARM_{name.upper()}_H
 #include <stddef.h>
+#include <stdint.h>
 #ifdef __cplusplus
 extern "C" {{
 #endif
 extern int tilefarm_num_threads;
 size_t tilefarm_workspace_bytes(void);
+int64_t tilefarm_output_rows(const void* workspace, int output);
 int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace);
 #ifdef __cplusplus
 }}
@@ -160,7 +105,7 @@ def schedule_tasks(
 def choose_forms(
     graph: Graph,
     tasks: list[Task],
-    calls: list[Call],
+    calls: list[Step],
     database: Database,
     target: Target,
     prefer: Sequence[str] = CACHE_CONDITIONS,
@@ -214,24 +159,22 @@ def build(
     tasks, calls, optimized, forms, prefer = _plan(graph, records, host, disabled_passes)
     t1 = time.perf_counter()
     states, used = schedule_tasks(tasks, records, host, prefer)
-    funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
+    funcs = [lower(st, kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
-    # the constants the kernels read, and the outputs folded to constants at compile time (the entry copies those)
-    consts = {id(v): v for v in [*(v for c in calls for v in c.args), *optimized.outputs] if v.const is not None}
     blob, params = io.BytesIO(), {}
-    for vid, v in consts.items():
+    for v in constants(optimized, calls):
         blob.write(b"\0" * (-blob.tell() % backend.alignment))
-        params[vid] = blob.tell()
+        params[id(v)] = blob.tell()
         blob.write(np.ascontiguousarray(v.const, dtype=v.dtype).tobytes())
-    keep = {id(v) for v in optimized.inputs} | {id(v) for v in optimized.outputs} | set(params)
-    groups = [Group([], list(c.args[: len(c.task.dag.inputs)]), list(c.args[len(c.task.dag.inputs) :])) for c in calls]
-    offsets, planned = plan_memory(groups, keep)
+    layout = plan_layout(optimized, calls, params)
     # kernels run one after another, so one scratch region past the planned values serves them all
     scratch = {f.name: backend.scratch_bytes(f) for f in funcs}
-    workspace = planned + max(scratch.values(), default=0)
+    workspace = layout.size + max(scratch.values(), default=0)
+    flat = kernel_calls(calls)
+    arity = {kernel_name(c.task): len(c.args) + bool(scratch[kernel_name(c.task)]) for c in flat}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        entry = _entry_source(optimized, calls, params, offsets, workspace, scratch, planned)
+        entry = entry_source(optimized, calls, layout, arity, scratch, workspace)
         backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name)
         t3 = time.perf_counter()
         (tmp / f"{name}.h").write_text(_header(optimized, name))
@@ -243,8 +186,13 @@ def build(
             "library": f"{name}.so",
             "header": f"{name}.h",
             "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.inputs],
-            "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.outputs],
+            "outputs": [
+                {"name": v.name, "shape": list(v.shape), "dtype": v.dtype}
+                | ({"length_at": layout.lengths[id(v)]} if id(v) in layout.lengths else {})
+                for v in optimized.outputs
+            ],
             "workspace_bytes": workspace,
+            "errors": {str(code): reason for code, reason in layout.errors.items()},
             "params_bytes": len(blob.getvalue()),
             "target": {
                 "name": target_name(target),
@@ -263,12 +211,12 @@ def build(
             "records": list(used.values()),
             "calls": [
                 {
-                    "kernel": _kernel_name(c.task),
+                    "kernel": kernel_name(c.task),
                     "task": c.task.key,
-                    "args": [_where(v, optimized, params, offsets) for v in c.args]
-                    + ([["workspace", planned]] if scratch[_kernel_name(c.task)] else []),
+                    "args": [list(layout.loc[id(v)]) for v in c.args]
+                    + ([["workspace", layout.size]] if scratch[kernel_name(c.task)] else []),
                 }
-                for c in calls
+                for c in flat
             ],
             "sha256": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files},
         }
@@ -300,12 +248,13 @@ def run_in_process(
     graph: Graph, inputs: dict[str, np.ndarray], records: Database | None = None
 ) -> dict[str, np.ndarray]:
     """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
-    many small models (the conformance suite). Same tasks, schedules and call plan as `build`."""
+    many small models (the conformance suite). Same tasks, schedules and plan as `build`; If and Loop run here in
+    Python as the entry runs them in C."""
     host = host_target()
     backend = backend_for(host)
     tasks, calls, optimized, _, prefer = _plan(graph, records, host)
     states, _ = schedule_tasks(tasks, records, host, prefer)
-    funcs = [lower(st, _kernel_name(t)) for t, st in zip(tasks, states)]
+    funcs = [lower(st, kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
     kernels = backend.compile_kernels(funcs) if funcs else {}
     arrays: dict[int, np.ndarray] = {}
@@ -313,16 +262,63 @@ def run_in_process(
         if v.name not in inputs:
             raise TilefarmError(f"missing input {v.name!r}; the graph takes {[i.name for i in optimized.inputs]}")
         arrays[id(v)] = np.ascontiguousarray(inputs[v.name], dtype=v.dtype).reshape(v.shape)
-    for c in calls:
-        for v in c.args:
-            if id(v) not in arrays:
-                arrays[id(v)] = (
-                    np.ascontiguousarray(v.const, v.dtype) if v.const is not None else np.empty(v.shape, v.dtype)
-                )
-        kernels[_kernel_name(c.task)](*(arrays[id(v)] for v in c.args))
-    out = {}
+    lengths = _run_steps(calls, arrays, kernels)
+    # np.array, not ascontiguousarray: that one makes a scalar output 1-D
+    out = {v.name: np.array(_array(v, arrays), v.dtype) for v in optimized.outputs}
     for v in optimized.outputs:
-        a = arrays.get(id(v))
-        # np.array, not ascontiguousarray: that one makes a scalar output 1-D
-        out[v.name] = a.copy() if a is not None else np.array(v.const, v.dtype)
+        if id(v) in lengths:
+            out[v.name] = out[v.name][: lengths[id(v)]]
     return out
+
+
+def _array(v, arrays: dict[int, np.ndarray]) -> np.ndarray:
+    if id(v) not in arrays:
+        arrays[id(v)] = np.ascontiguousarray(v.const, v.dtype) if v.const is not None else np.empty(v.shape, v.dtype)
+    return arrays[id(v)]
+
+
+def _run_steps(steps: list[Step], arrays: dict[int, np.ndarray], kernels: dict) -> dict[int, int]:
+    """Run a plan on numpy buffers (by value id); returns the length run of each bounded Loop scan output."""
+    lengths = {}
+    for s in steps:
+        if isinstance(s, Call):
+            kernels[kernel_name(s.task)](*(_array(v, arrays) for v in s.args))
+        elif s.node.op == "Trap":
+            raise TilefarmError(s.node.attrs["reason"])
+        elif s.node.op == "If":
+            k = 0 if _array(s.node.inputs[0], arrays).reshape(-1)[0] else 1
+            graph, block = s.graphs[k], s.blocks[k]
+            for v, outer in zip(graph.inputs, s.node.inputs[1:]):
+                arrays[id(v)] = _array(outer, arrays)
+            _run_steps(block, arrays, kernels)
+            for v, out in zip(graph.outputs, s.node.outputs):
+                arrays[id(out)] = _array(v, arrays).copy()
+        else:
+            lengths.update(_run_loop(s, arrays, kernels))
+    return lengths
+
+
+def _run_loop(s: Control, arrays: dict[int, np.ndarray], kernels: dict) -> dict[int, int]:
+    node, (body,), (block,) = s.node, s.graphs, s.blocks
+    carried = node.attrs["carried"]
+    trips = int(_array(node.inputs[0], arrays).reshape(-1)[0]) if node.inputs[0] is not None else None
+    cond = bool(_array(node.inputs[1], arrays).reshape(-1)[0]) if node.inputs[1] is not None else True
+    state = [_array(v, arrays).copy() for v in node.inputs[2 : 2 + carried]]
+    for v, outer in zip(body.inputs[2 + carried :], node.inputs[2 + carried :]):
+        arrays[id(v)] = _array(outer, arrays)
+    stacks = [_array(v, arrays) for v in node.outputs[carried:]]
+    i = 0
+    while (trips is None or i < trips) and cond:
+        arrays[id(body.inputs[0])] = np.full(body.inputs[0].shape, i, np.int64)
+        arrays[id(body.inputs[1])] = np.full(body.inputs[1].shape, cond, np.bool_)
+        for v, a in zip(body.inputs[2 : 2 + carried], state):
+            arrays[id(v)] = a
+        _run_steps(block, arrays, kernels)
+        results = [_array(v, arrays).copy() for v in body.outputs]
+        cond, state = bool(results[0].reshape(-1)[0]), results[1 : 1 + carried]
+        for stack, piece in zip(stacks, results[1 + carried :]):
+            stack[i] = piece
+        i += 1
+    for v, a in zip(node.outputs[:carried], state):
+        arrays[id(v)] = a
+    return {id(v): i for v in node.outputs[carried:]} if node.attrs["bounded"] else {}

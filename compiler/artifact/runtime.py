@@ -78,8 +78,12 @@ class Artifact:
         ws = self._workspace.ctypes.data
         rc = self._lib.tilefarm_run(ins_p, outs_p, ctypes.c_void_p(ws))
         if rc != 0:
-            raise ArtifactError(f"tilefarm_run returned {rc}")
+            raise ArtifactError(self.meta.get("errors", {}).get(str(rc), f"tilefarm_run returned {rc}"))
         self._last = (args, outs, ws)
+        # an output a loop's condition may end early holds as many rows as the loop ran (its shape is their bound)
+        for k, o in enumerate(self.meta["outputs"]):
+            if "length_at" in o:
+                outs[k] = outs[k][: int(self._workspace[o["length_at"] : o["length_at"] + 8].view(np.int64)[0])]
         return {o["name"]: a for o, a in zip(self.meta["outputs"], outs)}
 
     def profile(self, inputs: dict[str, np.ndarray], repeat: int = 10) -> list[dict]:

@@ -44,11 +44,14 @@ class InvalidModel(TilefarmError):
 
 class UnsupportedOp(TilefarmError):
     """Operators tilefarm cannot compile. `ops` maps every offending op type (with its domain when not the default
-    one) to the names of its nodes, so one error lists all of them; `notes` say why where it is not just the op."""
+    one) to the names of its nodes, so one error lists all of them; `notes` say why where it is not just the op.
+    `shape_bound`: every op listed is one tilefarm has, refused only because a value it needs at compile time (a
+    shape, a slice bound) is computed at run time."""
 
-    def __init__(self, ops: dict[str, list[str]], notes: list[str] | tuple[str, ...] = ()):
+    def __init__(self, ops: dict[str, list[str]], notes: list[str] | tuple[str, ...] = (), shape_bound: bool = False):
         self.ops = {op: list(names) for op, names in ops.items()}
         self.notes = list(notes)
+        self.shape_bound = shape_bound
         listing = "; ".join(f"{op} ({'nodes' if len(n) > 1 else 'node'} {', '.join(n)})" for op, n in ops.items())
         message = f"the model uses {len(ops)} unsupported operator type{'s' if len(ops) != 1 else ''}: {listing}"
         super().__init__("\n  ".join([message, *self.notes]))

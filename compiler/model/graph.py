@@ -56,6 +56,15 @@ Details the frontend (`compiler.model.onnx_import`) guarantees beyond that:
   output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
   carry the 5-D type.
 - `NCHWcToNCHW` (made by `propagate_nchwc`): one input N x C/b x H x W x b, output N x C x H x W; no attributes.
+- Control flow (`compiler.model.onnx_import.control_flow`) runs closed subgraphs, each a `Graph` whose inputs are
+  bound to the node's inputs by position:
+  `If(cond, *free)` with `branches` = (then, else): `cond` a one-element bool; each branch takes `free` and gives the
+  node's outputs, typed alike; `Loop(M, cond, *initial, *free)` with `body` (inputs: iteration number int64, condition
+  bool, the `carried` loop-carried values, `free`; outputs: condition, carried values of the same types, scan
+  pieces), `carried`, `trips` (M when constant, else None; M or cond may be None when absent) and `bounded` (the
+  scan outputs, `trips` long, may end early: their leading dim is only a bound). ONNX's Scan becomes such a Loop.
+  `Trap()` with `reason`: the only node of an If branch that could not be compiled for the input shapes; taking
+  that branch fails the run with the reason.
 """
 
 from __future__ import annotations
@@ -162,7 +171,23 @@ class Graph:
             lines.append(f"  %{c.name}: {c.type} = const")
         lines.extend(f"  {n}" for n in self.nodes)
         lines.append("  return " + ", ".join(f"%{v.name}" for v in self.outputs))
+        for sub in subgraphs(self):  # If branches and Loop bodies, after the graph that runs them
+            lines.extend("  " + line for line in str(sub).splitlines())
         return "\n".join(lines) + "\n"
+
+
+CONTROL_FLOW = ("If", "Loop")  # the ops that run subgraphs (`subgraphs`)
+
+
+def subgraphs(g: Graph) -> list[Graph]:
+    """The graphs g's control-flow nodes run: each If's two branches and each Loop's body, in node order."""
+    out = []
+    for n in g.nodes:
+        if n.op == "If":
+            out.extend(n.attrs["branches"])
+        elif n.op == "Loop":
+            out.append(n.attrs["body"])
+    return out
 
 
 def toposort(nodes: Iterable[Node]) -> list[Node]:
@@ -198,4 +223,6 @@ def _short(v: Any) -> str:
         return f"array{list(v.shape)}" if v.size > 8 else str(v.tolist())
     if isinstance(v, (list, tuple)) and len(v) > 8:
         return f"[{', '.join(map(str, v[:8]))}, …]"
+    if isinstance(v, Graph) or (isinstance(v, tuple) and v and all(isinstance(x, Graph) for x in v)):
+        return ", ".join(f"graph {g.name}" for g in (v if isinstance(v, tuple) else (v,)))
     return repr(v)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 
 from compiler.base.errors import UnknownPass
-from compiler.model.graph import Graph
+from compiler.model.graph import Graph, subgraphs
 from compiler.model.layout import propagate_nchwc
 from compiler.model.passes import (
     block_conv_weights,
@@ -48,12 +49,22 @@ def check_disabled(disabled: Collection[str]) -> tuple[str, ...]:
 
 def optimize(g: Graph, disabled: Collection[str] = (), forms: Mapping[str, int] | None = None) -> Graph:
     """Run PASSES in order, but those named in `disabled` (a subset of OPTIONAL_PASSES); `forms` picks convs' forms
-    by node name (winograd_convs)."""
+    by node name (winograd_convs). The subgraphs of If and Loop nodes are optimized alike, their convs in the rule's
+    form (`forms` names the top graph's nodes)."""
     off = check_disabled(disabled)
     for name, fn in PASSES:
         if name not in off:
             g = winograd_convs(g, forms) if fn is winograd_convs else fn(g)
-    return g
+    if not subgraphs(g):
+        return g
+    nodes = []
+    for n in g.nodes:
+        if n.op == "If":
+            n = replace(n, attrs={**n.attrs, "branches": tuple(optimize(b, off) for b in n.attrs["branches"])})
+        elif n.op == "Loop":
+            n = replace(n, attrs={**n.attrs, "body": optimize(n.attrs["body"], off)})
+        nodes.append(n)
+    return Graph(g.inputs, g.outputs, nodes, g.name)
 
 
 def form_alternatives(g: Graph, disabled: Collection[str] = ()) -> dict[str, tuple[int, ...]]:

@@ -122,8 +122,11 @@ def gemm_to_matmul(g: Graph) -> Graph:
     layout the vectorized inner loop wants, paid once instead of at every run."""
     nodes = []
     for n in g.nodes:
+        if n.op != "Gemm":
+            nodes.append(n)
+            continue
         a, b = n.inputs[0], n.inputs[1] if len(n.inputs) > 1 else None
-        if n.op != "Gemm" or b is None or b.const is None or n.attrs.get("transA", 0):
+        if b is None or b.const is None or n.attrs.get("transA", 0):
             nodes.append(n)
             continue
         w = b.const.T if n.attrs.get("transB", 0) else b.const

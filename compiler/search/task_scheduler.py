@@ -28,8 +28,8 @@ from compiler.schedule.state import apply_steps, program_key, step_from_record
 from compiler.search.evolution import Candidate, SearchParams, SearchPolicy
 from compiler.targets import backend_for, host_target
 from compiler.tensor.tasks import (
-    Call,
     FormChoice,
+    Step,
     Task,
     chosen_cost,
     chosen_form,
@@ -682,7 +682,7 @@ __all__ = [
 ]
 
 
-def weights_timed_cold(mode: str, calls: list[Call], l3_bytes: int | None, probe: bool = True) -> bool:
+def weights_timed_cold(mode: str, calls: Sequence[Step], l3_bytes: int | None, probe: bool = True) -> bool:
     """A WEIGHT_MODES choice made: "cold" and "warm" as said, "auto" cold when `weights_arrive_cold` or, where the
     weights fit the cache's reported size and `probe` (this host is of the class that measures), when this host does
     not keep that many bytes cached as it re-reads them (the backend's keeps_cached, a measurement: a virtual machine

@@ -1,7 +1,8 @@
 """Task extraction: each fused group of the optimized graph becomes a ComputeDAG; identical ones are one task.
 
-The model's execution plan is a list of `Call`s, one per group in dependency order, each naming its task and the
-graph values it reads and writes in the order of the task's kernel parameters.
+The model's execution plan is a list of steps in dependency order: a `Call` per fused group, naming its task and the
+graph values it reads and writes in the order of the task's kernel parameters, and a `Control` per If or Loop node,
+holding its subgraphs' own plans. `kernel_calls` lists every Call, subgraphs' too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from compiler.base.errors import TilefarmError, UnsupportedOp
 from compiler.base.target import DEFAULT_L3_BYTES
 from compiler.model.fusion import Group, fuse
-from compiler.model.graph import Graph, Value
+from compiler.model.graph import CONTROL_FLOW, Graph, Node, Value, subgraphs
 from compiler.model.optimize import form_alternatives, optimize
 from compiler.tensor import ops, te
 from compiler.tensor.dag import ComputeDAG, topological_tensors
@@ -41,6 +42,37 @@ class Call:
     task: Task
     args: list[Value]  # the kernel's parameters: the DAG's inputs, then its outputs
     nodes: tuple[str, ...] = ()  # the names of the graph nodes the call computes (its fused group's)
+
+
+@dataclass
+class Control:
+    """An If or Loop node of the plan (its inputs and outputs are values of the enclosing graph) and the plans of its
+    subgraphs (`graph.subgraphs` order: If: then, else; Loop: the body); or a Trap (no subgraph: it fails the run)."""
+
+    node: Node
+    blocks: tuple[list[Call | Control], ...]
+
+    @property
+    def graphs(self) -> list[Graph]:
+        return subgraphs(Graph([], [], [self.node]))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node.name,)
+
+
+Step = Call | Control
+
+
+def kernel_calls(steps: Sequence[Step]) -> list[Call]:
+    """Every kernel call of a plan, those in If branches and Loop bodies too (each once, where it is written)."""
+    out: list[Call] = []
+    for s in steps:
+        if isinstance(s, Call):
+            out.append(s)
+        else:
+            out.extend(c for block in s.blocks for c in kernel_calls(block))
+    return out
 
 
 @dataclass
@@ -98,41 +130,65 @@ def group_dag(group: Group) -> tuple[ComputeDAG, list[Value]]:
     return dag, [by_name[n] for n in dag.inputs] + list(group.outputs)
 
 
-def extract_tasks(optimized: Graph) -> tuple[list[Task], list[Call]]:
-    """Fuse the optimized graph (model.optimize's result) into groups; returns the distinct tasks and the call plan."""
+def extract_tasks(optimized: Graph) -> tuple[list[Task], list[Step]]:
+    """Fuse the optimized graph (model.optimize's result) into groups; returns the distinct tasks and the plan. A
+    task's weight counts its calls per run, those in a Loop body of constant trip count that many times."""
     unsupported: dict[str, list[str]] = {}
-    for n in optimized.nodes:
-        if n.op not in ops.OPS:
-            unsupported.setdefault(n.op, []).append(n.name)
+    for g in _graphs(optimized):
+        for n in g.nodes:
+            if n.op not in ops.OPS and n.op not in (*CONTROL_FLOW, "Trap"):
+                unsupported.setdefault(n.op, []).append(n.name)
     if unsupported:
         raise UnsupportedOp(unsupported)
     tasks: dict[str, Task] = {}
-    calls: list[Call] = []
-    for group in fuse(optimized):
+    steps = _extract(optimized, tasks, 1)
+    return list(tasks.values()), steps
+
+
+def _graphs(g: Graph) -> list[Graph]:
+    """g and every graph nested in it."""
+    return [g, *(inner for sub in subgraphs(g) for inner in _graphs(sub))]
+
+
+def _extract(g: Graph, tasks: dict[str, Task], times: int) -> list[Step]:
+    """The plan of one graph; `times`: how often a run calls it (a Loop body: the trip count when constant)."""
+    steps: list[Step] = []
+    for group in fuse(g):
+        node = group.nodes[0]
+        if node.op == "Trap":
+            steps.append(Control(node, ()))
+            continue
+        if node.op == "If":
+            steps.append(Control(node, tuple(_extract(b, tasks, times) for b in node.attrs["branches"])))
+            continue
+        if node.op == "Loop":
+            trips = node.attrs["trips"] if node.attrs["trips"] is not None else 1
+            steps.append(Control(node, (_extract(node.attrs["body"], tasks, times * max(1, trips)),)))
+            continue
         dag, args = group_dag(group)
         key = dag.workload_key
         constants = tuple(i for i, v in enumerate(args[: len(dag.inputs)]) if v.const is not None)
         if key in tasks:
             t = tasks[key]
-            t.weight += 1
+            t.weight += times
             t.constants = tuple(i for i in t.constants if i in constants)
         else:
-            tasks[key] = Task(key, dag, _task_name(group), constants=constants)
-        calls.append(Call(tasks[key], args, tuple(n.name for n in group.nodes)))
-    return list(tasks.values()), calls
+            tasks[key] = Task(key, dag, _task_name(group), weight=times, constants=constants)
+        steps.append(Call(tasks[key], args, tuple(n.name for n in group.nodes)))
+    return steps
 
 
 def plan_tasks(
     graph: Graph, disabled_passes: Collection[str] = (), forms: Mapping[str, int] | None = None
-) -> tuple[list[Task], list[Call], Graph]:
+) -> tuple[list[Task], list[Step], Graph]:
     """The graph optimized (model.optimize, without `disabled_passes`; convs in the `forms` chosen by node name), then
-    its tasks extracted: the distinct tasks, the call plan and the optimized graph."""
+    its tasks extracted: the distinct tasks, the plan and the optimized graph."""
     optimized = optimize(graph, disabled_passes, forms)
     return *extract_tasks(optimized), optimized
 
 
 def form_choices(
-    graph: Graph, tasks: list[Task], calls: list[Call], disabled_passes: Collection[str] = ()
+    graph: Graph, tasks: list[Task], calls: list[Step], disabled_passes: Collection[str] = ()
 ) -> tuple[list[Task], list[FormChoice]]:
     """For the plan `plan_tasks(graph, disabled_passes)` gave (`tasks`, `calls`), every conv that has another
     form (passes.form_alternatives) with the tasks of both, and the tasks of the other forms that the plan lacks
@@ -143,7 +199,7 @@ def form_choices(
         return [], []
     other_forms = {name: forms[1] for name, forms in alternatives.items()}
     _, other_calls, _ = plan_tasks(graph, disabled_passes, other_forms)
-    by_node = [{name: c for c in plan for name in c.nodes} for plan in (calls, other_calls)]
+    by_node = [{name: c for c in kernel_calls(plan) for name in c.nodes} for plan in (calls, other_calls)]
     known = {t.key: t for t in tasks}
     extra: dict[str, Task] = {}
     choices = []
@@ -190,7 +246,7 @@ class TuningPlan:
     the tasks of its convs' other forms (weight 0: the plan does not call them) with those convs' choices."""
 
     tasks: list[Task]
-    calls: list[Call]
+    calls: list[Step]
     other_forms: list[Task]
     choices: list[FormChoice]
 
@@ -210,12 +266,13 @@ def tuning_plan(graph: Graph, disabled_passes: Collection[str] = (), conv_forms:
     return TuningPlan(tasks, calls, other_forms, choices)
 
 
-def constant_bytes(calls: list[Call]) -> int:
+def constant_bytes(calls: Sequence[Step]) -> int:
     """Bytes of the model's constants (weights, biases) that its kernel calls read, each counted once."""
-    return sum(v.nbytes for v in {id(v): v for c in calls for v in c.args if v.const is not None}.values())
+    args = (v for c in kernel_calls(calls) for v in c.args)
+    return sum(v.nbytes for v in {id(v): v for v in args if v.const is not None}.values())
 
 
-def weights_arrive_cold(calls: list[Call], l3_bytes: int | None) -> bool:
+def weights_arrive_cold(calls: Sequence[Step], l3_bytes: int | None) -> bool:
     """Whether a run of the model evicts each kernel's weights before its next call: its constants exceed the
     last-level cache, so every inference streams them from memory (ResNet-18: 46.8 MB against a 32 MB L3)."""
     return weights_exceed_cache(constant_bytes(calls), l3_bytes)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,14 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.base import dtypes
 from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
 from compiler.model.graph import Graph, Node, TensorType, Value, pooled_extent
+from compiler.model.onnx_import.control_flow import CONTROL_FLOW, Formal, Imported, free_names, import_control
 from compiler.model.onnx_import.converters import AXES_INPUT_FROM, CONVERTERS, FOLD_ONLY, _CannotConvert, _Ctx
 from compiler.model.onnx_import.recurrent import RECURRENT
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
 
 # op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
-ONNX_OPS = {**CONVERTERS, **RECURRENT}
+ONNX_OPS = {**CONVERTERS, **RECURRENT, **CONTROL_FLOW}
 
 MIN_OPSET = 11
 INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's inliner expands their function bodies
@@ -71,12 +73,36 @@ SMALL_CONST = 1024
 def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Graph:
     """Import an ONNX model as a normalized Graph with static shapes; see the module docstring for the steps."""
     proto = _prepare(_read(model))
-    state = _State(proto, _opset(proto))
-    state.fix_inputs(input_shapes or {})
+    return _import(_State(proto, _opset(proto)), input_shapes or {})
+
+
+def _import(state: _State, input_shapes: dict[str, list[int]]) -> Graph:
+    state.fix_inputs(input_shapes)
     state.fold_to_fixpoint()
     state.check_supported()
     state.check_static()
     return state.convert()
+
+
+def _import_subgraph(outer: _State, g: onnx.GraphProto, formals: list[Formal], free: list[str], where: str) -> Graph:
+    """A control-flow node's subgraph imported as a model of its own (control_flow.ImportGraph): its inputs are
+    `formals`, then the free values of the enclosing graph computed at run time; the constant ones are its
+    constants."""
+    runtime = [n for n in free if n not in outer.consts]
+    inputs = [helper.make_tensor_value_info(n, elem, shape) for n, elem, shape in formals]
+    inputs += [helper.make_tensor_value_info(n, outer.types[n].elem, outer.types[n].shape) for n in runtime]
+    nodes = []
+    for i, n in enumerate(g.node):  # an unnamed node is named by where it is, for errors that name it
+        nodes.append(_named(n, i))
+        nodes[-1].name = n.name or f"{where}/{n.op_type}_{i}"
+    graph = helper.make_graph(nodes, _sanitize(where), inputs, list(g.output), list(g.initializer),
+                              value_info=list(g.value_info), sparse_initializer=list(g.sparse_initializer))  # fmt: skip
+    model = helper.make_model(graph, opset_imports=outer.proto.opset_import, ir_version=outer.proto.ir_version)
+    state = _State(model, outer.opset)
+    state.nested = True
+    state.consts.update({n: outer.consts[n] for n in free if n in outer.consts})
+    shapes = {n: list(shape) for n, _, shape in formals} | {n: list(outer.types[n].shape) for n in runtime}
+    return _import(state, shapes)
 
 
 def parse_input_shapes(text: str) -> dict[str, list[int]]:
@@ -298,6 +324,10 @@ class _State:
         self.outputs = [vi.name for vi in g.output]
         self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
         self.kept: set[str] = set()  # names of nodes whose function body could not be inlined
+        # control-flow nodes (by their outputs) whose subgraphs are imported, and the ops they lack
+        self.control: dict[tuple[str, ...], Imported] = {}
+        self.control_unsupported: dict[tuple[str, ...], UnsupportedOp] = {}
+        self.nested = False  # a subgraph's: its outputs are read by the node that runs it
 
     # -- step 2: static input shapes
 
@@ -366,8 +396,35 @@ class _State:
 
     def fold_to_fixpoint(self) -> None:
         self.infer()
-        while self.fold() or self.expand_functions():
+        while self.fold() or self.expand_functions() or self.import_control_flow():
             self.infer()
+
+    def _typed(self, name: str) -> tuple[int, tuple[int, ...]]:
+        """A constant's or a statically typed value's (onnx element type, shape)."""
+        if name in self.consts:
+            return helper.np_dtype_to_tensor_dtype(self.consts[name].dtype), self.consts[name].shape
+        return self.types[name].elem, self.types[name].shape
+
+    def import_control_flow(self) -> bool:
+        """Import the subgraphs of the If, Loop and Scan nodes left whose inputs and free values all have static
+        types now (control_flow.import_control), which types their outputs; whether any was imported."""
+        done = False
+        for node in self.nodes:
+            key = tuple(node.output)
+            if node.op_type not in CONTROL_FLOW or node.domain not in DEFAULT_DOMAINS or key in self.control:
+                continue
+            if key in self.control_unsupported:
+                continue
+            reads = [n for n in node.input if n] + [n for a in node.attribute for n in _free_in(a)]
+            if not all(n in self.consts or (n in self.types and self.types[n].static) for n in reads):
+                continue
+            try:
+                self.control[key] = import_control(node, self._typed, self.consts, partial(_import_subgraph, self))
+            except UnsupportedOp as e:
+                self.control_unsupported[key] = e
+                continue
+            done = True
+        return done
 
     def expand_functions(self) -> bool:
         """Replace ops tilefarm lacks by the function ONNX defines them with (Swish, GroupNormalization, ...),
@@ -462,7 +519,8 @@ class _State:
             ],
             [helper.make_empty_tensor_value_info(n) for n in self.outputs],
             initializer=[numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= SMALL_CONST],
-            value_info=[helper.make_tensor_value_info(n, self.types[n].elem, s) for n, s in known.items()],
+            value_info=[helper.make_tensor_value_info(n, self.types[n].elem, s) for n, s in known.items()]
+            + [helper.make_tensor_value_info(n, *t) for n, t in self._control_types().items() if n not in known],
         )
         model = helper.make_model(g, opset_imports=self.proto.opset_import, ir_version=max(self.proto.ir_version, 4))
         try:
@@ -473,6 +531,11 @@ class _State:
             t = _type_of(vi)
             if t.elem != 0 or vi.name not in self.types:
                 self.types[vi.name] = t
+        # control-flow outputs are typed by their imported subgraphs (onnx leaves a scan output's length unknown)
+        self.types.update({n: _Type(*t) for n, t in self._control_types().items()})
+
+    def _control_types(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        return {n: t for imported in self.control.values() for n, t in imported.types.items()}
 
     def fold(self) -> bool:
         kept: list[onnx.NodeProto] = []
@@ -568,17 +631,27 @@ class _State:
     def check_supported(self) -> None:
         ops: dict[str, list[str]] = {}
         notes = []
+        lacking = False  # an op tilefarm does not have, not only a run-time value where a constant is needed
         for node in self.nodes:
             name = node.name
+            inner = self.control_unsupported.get(tuple(node.output))
+            if inner is not None:  # what a subgraph lacks, listed with the rest
+                for op, names in inner.ops.items():
+                    ops.setdefault(op, []).extend(names)
+                notes += inner.notes
+                lacking |= not inner.shape_bound
+                continue
             if node.domain not in DEFAULT_DOMAINS:
                 ops.setdefault(f"{node.domain}.{node.op_type}", []).append(name)
+                lacking = True
             elif node.op_type not in ONNX_OPS:
                 ops.setdefault(node.op_type, []).append(name)
+                lacking = True
             elif node.op_type in FOLD_ONLY or self._runtime_params(node):
                 ops.setdefault(node.op_type, []).append(name)
                 notes.append(self._runtime_note(node, name))
         if ops:
-            raise UnsupportedOp(ops, notes)
+            raise UnsupportedOp(ops, notes, shape_bound=not lacking)
 
     def _runtime_params(self, node: onnx.NodeProto) -> list[int]:
         slots = PARAM_INPUTS.get(node.op_type, ())
@@ -597,7 +670,19 @@ class _State:
         )
 
     def check_static(self) -> None:
+        bounded = {n for imported in self.control.values() for n in imported.bounded}
+        for name in bounded.intersection(self.outputs) if self.nested else ():
+            raise InvalidModel(
+                f"{name!r} is a Loop scan output whose length is known only at run time (the loop's condition can "
+                "end it early), given out of a subgraph; tilefarm compiles such a value only as an output of the model"
+            )
         for node in self.nodes:
+            for name in bounded.intersection(node.input):
+                raise InvalidModel(
+                    f"{node.op_type} node {node.name!r} reads {name!r}, a Loop scan output whose length is known only "
+                    "at run time (the loop's condition can end it early); tilefarm compiles such a value only as a "
+                    "graph output"
+                )
             for out in node.output:
                 t = self.types.get(out)
                 if out and (t is None or not t.static):
@@ -616,6 +701,12 @@ class _State:
     def convert(self) -> Graph:
         conv = _Converter(self)
         return conv.run()
+
+
+def _free_in(a: onnx.AttributeProto) -> list[str]:
+    """The enclosing graph's names a graph attribute reads (control_flow.free_names)."""
+    graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+    return [n for g in graphs for n in free_names(g)]
 
 
 def _named(node: onnx.NodeProto, index: int) -> onnx.NodeProto:
@@ -668,6 +759,9 @@ class _Converter:
         self.kept = {vi.name for vi in state.inputs} | set(state.outputs)
         self.names: set[str] = set(self.kept)
         self.values: dict[str, Value] = {}
+
+    def control(self, outputs: list[str]) -> Imported:
+        return self.s.control[tuple(outputs)]
 
     def unique(self, name: str) -> str:
         base = _sanitize(name)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from compiler.base import dtypes
+from compiler.base.errors import InvalidModel
 from compiler.model.graph import Node, TensorType, Value
 
 # ops that have no runtime form here: they must fold to constants
@@ -24,9 +25,14 @@ AXES_INPUT_FROM = {
 
 
 class _Names(Protocol):
-    """Hands out unique value names (the graph builder)."""
+    """The graph builder: hands out unique value names, the Value of an ONNX name and a control-flow node's imported
+    subgraphs (control_flow.Imported, by the node's outputs)."""
 
     def unique(self, name: str) -> str: ...
+
+    def value(self, name: str) -> Value: ...
+
+    def control(self, outputs: list[str]) -> Any: ...
 
 
 class _CannotConvert(Exception):
@@ -326,7 +332,10 @@ def _arg_reduce(ctx: _Ctx) -> list[Node]:
 
 def Reshape(ctx: _Ctx) -> list[Node]:
     ctx.const(1, "shape")  # a run-time shape cannot be compiled even though inference guessed the output
-    return [ctx.node("Reshape", ctx.inputs[:1], {"shape": list(ctx.outputs[0].shape)})]
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    if math.prod(x.shape) != math.prod(y.shape):  # onnx's inference takes a shape without counting its elements
+        raise InvalidModel(f"Reshape node {ctx.name!r}: cannot reshape {x.type} into {list(y.shape)}")
+    return [ctx.node("Reshape", ctx.inputs[:1], {"shape": list(y.shape)})]
 
 
 def Flatten(ctx: _Ctx) -> list[Node]:

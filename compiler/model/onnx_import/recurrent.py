@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.base.errors import InvalidModel
 from compiler.model.graph import Node, Value
 from compiler.model.onnx_import.converters import _CannotConvert, _Ctx
 
@@ -56,8 +57,12 @@ def _weights(ctx: _Ctx, i: int, what: str) -> np.ndarray | None:
 def recurrent(ctx: _Ctx) -> list[Node]:
     op, x = ctx.op, ctx.inputs[0]
     layout = ctx.attrs.get("layout", 0)
-    seq, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
     w, r, bias = _weights(ctx, 1, "W"), _weights(ctx, 2, "R"), _weights(ctx, 3, "B")
+    if len(x.shape) != 3 or w.ndim != 3 or x.shape[2] != w.shape[2]:
+        # the model's declared types can hide this where shape inference gave up (onnxruntime fails at run time)
+        raise InvalidModel(f"{op} node {ctx.name!r}: input X is {x.type}, but it must be 3-D (sequence, batch, "
+                           f"input size {w.shape[-1]} as W {list(w.shape)} says)")  # fmt: skip
+    seq, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
     lens = _weights(ctx, 4, "sequence_lens")
     if lens is not None and (lens != seq).any():
         raise _CannotConvert(f"{op} node {ctx.name!r}: sequence_lens {lens.tolist()} leave some sequences shorter "
