@@ -2,7 +2,9 @@
 
 A graph starts from one or two NCHW inputs and grows op by op, each op reading values drawn from all those made so
 far: fan-out, residual joins (Add/Mul/Concat of two branches), BatchNormalization after Conv, ConvTranspose, Add or
-anything else, long elementwise chains, reshapes between anchors, Resize, pooling, constants. Its outputs are drawn
+anything else, long elementwise chains, reshapes between anchors, Resize, pooling, constants, and control flow: an If
+on the data's sign whose branches read the enclosing graph's values, a Loop carrying a value through a few steps (its
+stacked scan output an output only). Its outputs are drawn
 from every value, inputs and constants included, the last one always among them, so intermediate values that are
 also read further on are outputs as often as final ones.
 """
@@ -131,7 +133,9 @@ def _resize(b: _Builder, draw, v: str) -> str | None:
 
 def _concat(b: _Builder, draw, v: str) -> str | None:
     n, c, h, w = b.shapes[v]
-    others = [u for u, s in b.shapes.items() if s[0] == n and s[2:] == (h, w) and s[1] + c <= 2 * MAX_CHANNELS]
+    others = [
+        u for u, s in b.shapes.items() if len(s) == 4 and s[0] == n and s[2:] == (h, w) and s[1] + c <= 2 * MAX_CHANNELS
+    ]
     if not others:
         return None
     u = draw(st.sampled_from(others))
@@ -156,6 +160,64 @@ def _constant(b: _Builder, draw, v: str) -> str:
     return out
 
 
+def _branch_op(b: _Builder, draw, v: str, out: str) -> tuple[list, list]:
+    """One subgraph's node computing `out` of `v`'s shape from `v` (read from the enclosing graph): an elementwise
+    op, a shape-keeping conv, a join with another value of that shape, or `v` itself. Returns (nodes, initializers)."""
+    shape = b.shapes[v]
+    kind = draw(st.sampled_from(["unary", "conv", "join", "identity"]))
+    if kind == "unary":
+        return [helper.make_node(draw(st.sampled_from(["Relu", "Sigmoid", "Neg", "Tanh"])), [v], [out])], []
+    if kind == "conv":
+        w = numpy_helper.from_array(b.normal(shape[1], shape[1], 3, 3, scale=0.3), f"{out}_w")
+        return [helper.make_node("Conv", [v, w.name], [out], pads=[1, 1, 1, 1])], [w]
+    if kind == "join":
+        other = draw(st.sampled_from(sorted(u for u, s in b.shapes.items() if s == shape)))
+        return [helper.make_node(draw(st.sampled_from(["Add", "Mul"])), [v, other], [out])], []
+    return [helper.make_node("Identity", [v], [out])], []
+
+
+def _if(b: _Builder, draw, v: str) -> str:
+    """An If on the data (the sign of a sum of `v`) whose branches read values of the enclosing graph."""
+    cond = b.node("ReduceSum", [v], (), keepdims=0)
+    out = b.name("if")
+    positive = f"{out}_positive"  # a bool: not among the values (float) ops and outputs are drawn from
+    b.nodes.append(helper.make_node("Greater", [cond, b.const(np.array(0.0, np.float32))], [positive]))
+    branches = {}
+    for which in ("then", "else"):
+        nodes, inits = _branch_op(b, draw, v, f"{out}_{which}")
+        typed = helper.make_tensor_value_info(f"{out}_{which}", TensorProto.FLOAT, list(b.shapes[v]))
+        branches[f"{which}_branch"] = helper.make_graph(nodes, f"{out}_{which}", [], [typed], inits)
+    b.nodes.append(helper.make_node("If", [positive], [out], name=out, **branches))
+    b.shapes[out] = b.shapes[v]
+    return out
+
+
+def _loop(b: _Builder, draw, v: str) -> str:
+    """A Loop of 1-3 iterations carrying `v` through an elementwise step (reading the enclosing graph's values too);
+    its scan output (each iteration's value, stacked) is a graph output only."""
+    out, trips = b.name("loop"), draw(st.integers(1, 3))
+    step, inits = _branch_op(b, draw, v, f"{out}_step")
+    step = [helper.make_node(n.op_type, [f"{out}_in" if i == v else i for i in n.input], n.output, **{
+        a.name: helper.get_attribute_value(a) for a in n.attribute}) for n in step]  # fmt: skip
+    shape = list(b.shapes[v])
+    typed = [helper.make_tensor_value_info(f"{out}_{k}", TensorProto.FLOAT, shape) for k in ("in", "next", "piece")]
+    body = helper.make_graph(
+        [*step, helper.make_node("Mul", [f"{out}_step", f"{out}_half"], [f"{out}_next"]),
+         helper.make_node("Identity", [f"{out}_next"], [f"{out}_piece"]),
+         helper.make_node("Identity", [f"{out}_cond"], [f"{out}_cond_out"])],
+        f"{out}_body",
+        [helper.make_tensor_value_info(f"{out}_i", TensorProto.INT64, []),
+         helper.make_tensor_value_info(f"{out}_cond", TensorProto.BOOL, []), typed[0]],
+        [helper.make_tensor_value_info(f"{out}_cond_out", TensorProto.BOOL, []), typed[1], typed[2]],
+        [*inits, numpy_helper.from_array(np.array(0.5, np.float32), f"{out}_half")],
+    )  # fmt: skip
+    m = b.const(np.array(trips, np.int64), "m")
+    stacked = f"{out}_stack"
+    b.nodes.append(helper.make_node("Loop", [m, "", v], [out, stacked], name=out, body=body))
+    b.shapes[out], b.shapes[stacked] = b.shapes[v], (trips, *b.shapes[v])
+    return out
+
+
 OPS = {
     "conv": _conv,
     "conv_transpose": _conv_transpose,
@@ -167,9 +229,11 @@ OPS = {
     "concat": _concat,
     "reshape": _reshape_round_trip,
     "constant": _constant,
+    "if": _if,
+    "loop": _loop,
 }
 WEIGHTS = {"conv": 3, "conv_transpose": 2, "batchnorm": 3, "unary": 3, "binary": 3, "pool": 1, "resize": 1,
-           "concat": 1, "reshape": 1, "constant": 1}  # fmt: skip
+           "concat": 1, "reshape": 1, "constant": 1, "if": 1, "loop": 1}  # fmt: skip
 
 
 @st.composite

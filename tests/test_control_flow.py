@@ -242,7 +242,8 @@ def test_branches_that_disagree_on_a_shape_are_refused_naming_the_node():
 
 def test_a_loop_carried_value_that_changes_shape_is_refused():
     body = h.make_graph(
-        [h.make_node("Concat", ["v_in", "v_in"], ["v_out"], axis=0), h.make_node("Identity", ["cond_in"], ["cond_out"])],
+        [h.make_node("Concat", ["v_in", "v_in"], ["v_out"], axis=0),
+         h.make_node("Identity", ["cond_in"], ["cond_out"])],
         "body", [_vi("i", T.INT64, []), _vi("cond_in", T.BOOL, []), _vi("v_in", F, [None])],
         [_vi("cond_out", T.BOOL, []), _vi("v_out", F, [None])],
     )  # fmt: skip

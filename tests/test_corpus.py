@@ -17,8 +17,9 @@ from compiler.base.errors import TilefarmError
 from tests.corpus import CORPUS, Model, fetch
 
 
-def _feeds(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, np.ndarray]:
-    """Seeded inputs: floats standard normal, integers 1; a dynamic dim not given in `shapes` is 1."""
+def _feeds(proto: onnx.ModelProto, shapes: dict[str, list[int]], values: dict[str, float]) -> dict[str, np.ndarray]:
+    """Seeded inputs: floats standard normal, integers 1, an input named in `values` that value everywhere; a dynamic
+    dim not given in `shapes` is 1. Initializers listed as graph inputs (IR < 4 style) are not fed."""
     rng = np.random.default_rng(0)
     inits = {t.name for t in proto.graph.initializer}
     feeds = {}
@@ -27,6 +28,8 @@ def _feeds(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, np
         shape = shapes.get(vi.name) or [d.dim_value if d.dim_value > 0 else 1 for d in tt.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         feeds[vi.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.ones(shape)).astype(dtype)
+        if vi.name in values:
+            feeds[vi.name] = np.full(shape, values[vi.name], dtype)
     return feeds
 
 
@@ -34,7 +37,7 @@ def _feeds(proto: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, np
 def test_corpus_model_matches_onnxruntime(model: Model, tmp_path, record_property):
     path = fetch(model)
     proto = onnx.load(str(path))
-    feeds = _feeds(proto, model.input_shapes)
+    feeds = _feeds(proto, model.input_shapes, model.values)
     shapes = {name: list(a.shape) for name, a in feeds.items()}
     row = {"model": model.name, "converter": model.converter, "opset": proto.opset_import[0].version,
            "ops": len({n.op_type for n in proto.graph.node}), "task": model.task}  # fmt: skip

@@ -560,3 +560,29 @@ def test_light_model_zoo_graphs_load():
         g = load(f)
         assert g.outputs[0].shape[:2] == (1, 1000), f.name
         assert all(n.op in ONNX_OPS or n.op in ("Flatten",) for n in g.nodes)
+
+
+def test_an_opset_11_shape_computation_folds_at_its_own_opset():
+    """Unsqueeze with the `axes` attribute (opset < 13) folds: a bare node was evaluated at onnx's newest opset, where
+    that attribute is an error, so ddddocr's and paddle2onnx's Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+    chains were left as a run-time shape (found by the real-model corpus)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["d0"], axis=0),
+        helper.make_node("Unsqueeze", ["d0"], ["u"], axes=[0]),
+        helper.make_node("Concat", ["u", "m1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(0, np.int64), "i0"),
+        numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+        inits,
+    )
+    g = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]))
+    assert [(n.op, n.attrs) for n in g.nodes] == [("Reshape", {"shape": [2, 12]})]

@@ -76,3 +76,27 @@ def test_a_reduction_over_no_axes_still_applies_its_elementwise_parts(tmp_path, 
     # noop_with_empty_axes: nothing is reduced, but L1 still gives |x|, SumSquare x*x, LogSum log(x)
     node = helper.make_node(op, ["x"], ["y"], noop_with_empty_axes=1)
     _matches_onnxruntime(node, np.abs(X) + 0.5 if op == "ReduceLogSum" else X, tmp_path)
+
+
+@pytest.mark.parametrize("bounds", [["lo", "hi"], ["lo"], ["", "hi"], ["hi", "lo"]])
+def test_clip_with_bounds_computed_at_run_time(tmp_path, bounds):
+    """openWakeWord's mel spectrogram floors at its maximum less top_db: Clip's min is a run-time value (Max then Min,
+    as ONNX defines Clip, so a min above the max gives the max)."""
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=0),
+        helper.make_node("Sub", ["mx", "db"], ["lo"]),
+        helper.make_node("ReduceMin", ["x"], ["mn"], keepdims=0),
+        helper.make_node("Add", ["mn", "db"], ["hi"]),
+        helper.make_node("Clip", ["x", *bounds], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(1.5, np.float32), "db")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": X})[0]
+    compile_model(model, tmp_path / "m.tar")
+    np.testing.assert_allclose(Artifact.load(tmp_path / "m.tar").run({"x": X})["y"], want, rtol=1e-6, atol=1e-6)

@@ -263,7 +263,6 @@ def run_in_process(
             raise TilefarmError(f"missing input {v.name!r}; the graph takes {[i.name for i in optimized.inputs]}")
         arrays[id(v)] = np.ascontiguousarray(inputs[v.name], dtype=v.dtype).reshape(v.shape)
     lengths = _run_steps(calls, arrays, kernels)
-    # np.array, not ascontiguousarray: that one makes a scalar output 1-D
     out = {v.name: np.array(_array(v, arrays), v.dtype) for v in optimized.outputs}
     for v in optimized.outputs:
         if id(v) in lengths:
@@ -273,7 +272,8 @@ def run_in_process(
 
 def _array(v, arrays: dict[int, np.ndarray]) -> np.ndarray:
     if id(v) not in arrays:
-        arrays[id(v)] = np.ascontiguousarray(v.const, v.dtype) if v.const is not None else np.empty(v.shape, v.dtype)
+        # np.array, not ascontiguousarray: that one makes a scalar 1-D
+        arrays[id(v)] = np.array(v.const, v.dtype, order="C") if v.const is not None else np.empty(v.shape, v.dtype)
     return arrays[id(v)]
 
 

@@ -59,7 +59,7 @@ NONDETERMINISTIC = {
 PARAM_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Split": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), **dict.fromkeys(AXES_INPUT_FROM, (1,)),
-    "Resize": (1, 2, 3), "TopK": (1,), "Clip": (1, 2), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
+    "Resize": (1, 2, 3), "TopK": (1,), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
     "CumSum": (1,), "OneHot": (1, 2), "LSTM": (1, 2, 3, 4, 7), "GRU": (1, 2, 3, 4), "RNN": (1, 2, 3, 4),
 }  # fmt: skip
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
@@ -618,11 +618,13 @@ class _State:
             return [self.consts[node.input[0]]]
         if node.op_type == "ConstantOfShape":
             return [_constant_of_shape(node, self.consts[node.input[0]])]
+        # in a one-node model of the model's opsets: a bare node is evaluated at onnx's newest opset (`opsets` is
+        # ignored for one), where an opset-11 Unsqueeze's `axes` attribute is an error and the node never folded
+        graph = helper.make_graph([node], "fold", [], [helper.make_empty_tensor_value_info(n) for n in node.output])
+        model = helper.make_model(graph, opset_imports=self.proto.opset_import, ir_version=self.proto.ir_version)
         try:
             with np.errstate(all="ignore"):  # log(0) = -inf and the like fold as they compute at run time
-                return onnx.reference.ReferenceEvaluator(node, opsets={"": self.opset}).run(
-                    None, {n: self.consts[n] for n in args}
-                )
+                return onnx.reference.ReferenceEvaluator(model).run(None, {n: self.consts[n] for n in args})
         except Exception:
             return None  # left as a node: either supported at run time or reported as unsupported
 

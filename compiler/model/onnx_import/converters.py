@@ -237,9 +237,20 @@ def BatchNormalization(ctx: _Ctx) -> list[Node]:
 
 
 def Clip(ctx: _Ctx) -> list[Node]:
-    lo, hi = ctx.const(1, "min"), ctx.const(2, "max")
-    attrs = {"min": -math.inf if lo is None else float(lo), "max": math.inf if hi is None else float(hi)}
-    return [ctx.node("Clip", ctx.inputs[:1], attrs)]
+    bounds = ctx.input(1), ctx.input(2)
+    if all(b is None or b.const is not None for b in bounds):
+        lo, hi = ctx.const(1, "min"), ctx.const(2, "max")
+        attrs = {"min": -math.inf if lo is None else float(lo), "max": math.inf if hi is None else float(hi)}
+        return [ctx.node("Clip", ctx.inputs[:1], attrs)]
+    # a bound computed at run time (openWakeWord's mel spectrogram floors at its maximum less top_db): Max, then Min,
+    # which is how ONNX defines Clip (so a min above the max gives the max)
+    x, nodes = ctx.inputs[0], []
+    steps = [(op, b) for op, b in (("Max", bounds[0]), ("Min", bounds[1])) if b is not None]
+    for k, (op, b) in enumerate(steps):
+        out = ctx.outputs[0] if k == len(steps) - 1 else ctx.temp("floored", x.shape, x.dtype)
+        nodes.append(ctx.node(op, [x, b], {}, [out]))
+        x = out
+    return nodes
 
 
 def _pool(ctx: _Ctx) -> list[Node]:
