@@ -586,3 +586,45 @@ def test_an_opset_11_shape_computation_folds_at_its_own_opset():
     )
     g = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]))
     assert [(n.op, n.attrs) for n in g.nodes] == [("Reshape", {"shape": [2, 12]})]
+
+
+def _tiny(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # a 113-byte model asking for 4 GiB while it is folded
+        (
+            "ConstantOfShape",
+            [helper.make_node("ConstantOfShape", ["s"], ["y"], name="big")],
+            [],
+            [numpy_helper.from_array(np.array([2**28, 4], np.int64), "s")],
+            "ConstantOfShape node 'big'",
+        ),
+        ("input", [helper.make_node("Relu", ["x"], ["y"])], [("x", [2**31])], [], "input 'x' is \\[2147483648\\]"),
+        (
+            "Expand",
+            [helper.make_node("Expand", ["x", "s"], ["y"], name="wide")],
+            [("x", [1])],
+            [numpy_helper.from_array(np.array([2**40], np.int64), "s")],
+            "output of Expand node 'wide'",
+        ),
+        (
+            "Range",
+            [helper.make_node("Range", ["a", "b", "c"], ["y"], name="many")],
+            [],
+            [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("a", 0), ("b", 2**40), ("c", 1))],
+            "Range node 'many'",
+        ),
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_model_whose_numbers_ask_for_gigabytes_is_refused_before_allocating(case):
+    _, nodes, inputs, inits, message = case
+    model = _tiny(nodes, [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])], inits)  # fmt: skip
+    with pytest.raises(InvalidModel, match=message):
+        load(model)

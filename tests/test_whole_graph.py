@@ -119,3 +119,18 @@ def test_a_model_with_external_data_compiles_from_its_path_and_a_missing_file_is
     (tmp_path / "weights.bin").unlink()
     with pytest.raises(InvalidModel, match="m.onnx keeps tensors in external files not found in .*'w' in 'weights"):
         compile_model(tmp_path / "m.onnx", tmp_path / "c.tar")
+
+
+def test_a_concat_of_a_thousand_inputs_compiles(tmp_path):
+    """Concat's selects nest log2(n) deep: as a chain, 400 or more inputs overflowed Python's recursion in every pass
+    over the expression."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    model = _model([helper.make_node("Concat", ["x"] * 1000, ["y"], axis=0)], [("x", [2, 4])], [("y", [2000, 4])])
+    _matches_onnxruntime(model, {"x": x}, tmp_path)
+
+
+def test_a_chain_of_twenty_thousand_nodes_compiles(tmp_path):
+    n = 20_000
+    nodes = [helper.make_node("Relu" if k % 2 else "Neg", [f"v{k - 1}" if k else "x"], [f"v{k}" if k < n - 1 else "y"])
+             for k in range(n)]  # fmt: skip
+    _matches_onnxruntime(_model(nodes, [("x", [1, 4])], [("y", [1, 4])]), {"x": X}, tmp_path)

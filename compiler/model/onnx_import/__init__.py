@@ -65,6 +65,11 @@ PARAM_INPUTS: dict[str, tuple[int, ...]] = {
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
 # bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
 SMALL_CONST = 1024
+# the most bytes one value of a model may take (an input, anything computed), and one made by folding at compile time:
+# past them a model's numbers (a ConstantOfShape of [2**28, 4], an input of 2**31 elements) would make the compiler or
+# the artifact allocate without bound, so the model is refused naming the value instead
+MAX_VALUE_BYTES = 2**32
+MAX_FOLD_BYTES = 2**28
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -264,6 +269,15 @@ def _static(d: onnx.TensorShapeProto.Dimension) -> bool:
     """A graph input's dimension with a size: converters write a dynamic one as a name, as nothing, or as -1 or 0
     (paddle2onnx, keras2onnx)."""
     return d.HasField("dim_value") and d.dim_value > 0
+
+
+def _nbytes(t: _Type) -> int:
+    """Bytes of a statically typed value (Python ints: no overflow however large its dims)."""
+    try:
+        size = _np_dtype(t.elem).itemsize
+    except (TypeError, KeyError, ValueError):
+        size = 8
+    return math.prod(t.shape) * size
 
 
 def _np_dtype(elem: int) -> np.dtype:
@@ -616,8 +630,22 @@ class _State:
             return None
         if node.op_type == "Identity":
             return [self.consts[node.input[0]]]
+        for name in node.output:  # left to run time, where check_static weighs it, rather than made here
+            t = self.types.get(name)
+            if name and t is not None and t.static and _nbytes(t) > MAX_FOLD_BYTES:
+                if node.op_type in FOLD_ONLY:
+                    raise InvalidModel(
+                        f"{node.op_type} node {node.name!r} would make {name!r} of {list(t.shape)} at compile time: "
+                        f"{_nbytes(t) / 2**20:.0f} MiB, more than the {MAX_FOLD_BYTES >> 20} MiB tilefarm folds"
+                    )
+                return None
         if node.op_type == "ConstantOfShape":
             return [_constant_of_shape(node, self.consts[node.input[0]])]
+        if node.op_type == "Range":
+            start, limit, delta = (self.consts[n].reshape(-1)[0] for n in node.input[:3])
+            count = max(int(np.ceil((limit - start) / delta)), 0) if delta else 0
+            if count * self.consts[node.input[0]].itemsize > MAX_FOLD_BYTES:
+                raise InvalidModel(f"Range node {node.name!r} would make {count} elements at compile time")
         # in a one-node model of the model's opsets: a bare node is evaluated at onnx's newest opset (`opsets` is
         # ignored for one), where an opset-11 Unsqueeze's `axes` attribute is an error and the node never folded
         graph = helper.make_graph([node], "fold", [], [helper.make_empty_tensor_value_info(n) for n in node.output])
@@ -672,6 +700,11 @@ class _State:
         )
 
     def check_static(self) -> None:
+        for vi in self.inputs:
+            self._check_size(vi.name, f"input {vi.name!r}")
+        for node in self.nodes:
+            for out in node.output:
+                self._check_size(out, f"{out!r} (output of {node.op_type} node {node.name!r})")
         bounded = {n for imported in self.control.values() for n in imported.bounded}
         for name in bounded.intersection(self.outputs) if self.nested else ():
             raise InvalidModel(
@@ -697,6 +730,14 @@ class _State:
                 raise InvalidModel(
                     f"graph output {out!r} has no static shape; fix the input shapes with --input-shapes"
                 )
+
+    def _check_size(self, name: str, what: str) -> None:
+        t = self.types.get(name)
+        if t is not None and t.static and _nbytes(t) > MAX_VALUE_BYTES:
+            raise InvalidModel(
+                f"{what} is {list(t.shape)}: {_nbytes(t) / 2**30:.1f} GiB, more than the {MAX_VALUE_BYTES >> 30} GiB "
+                "tilefarm allows one value"
+            )
 
     # -- step 5: convert
 
@@ -750,7 +791,13 @@ def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> np.ndarray:
     for a in node.attribute:
         if a.name == "value":
             fill = numpy_helper.to_array(a.t).reshape(-1)
-    return np.full(tuple(int(s) for s in shape), fill[0], dtype=fill.dtype)
+    dims = tuple(int(s) for s in shape.reshape(-1))
+    if any(d < 0 for d in dims) or math.prod(dims) * fill.itemsize > MAX_FOLD_BYTES:
+        raise InvalidModel(
+            f"ConstantOfShape node {node.name!r} asks for a constant of shape {list(dims)}: negative, or more than "
+            f"{MAX_FOLD_BYTES >> 20} MiB made at compile time"
+        )
+    return np.full(dims, fill[0], dtype=fill.dtype)
 
 
 class _Converter:

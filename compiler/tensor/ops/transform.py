@@ -128,10 +128,13 @@ def concat(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
             at = i[:axis] + ((i[axis] - starts[k]) if starts[k] else i[axis],) + i[axis + 1 :]
             return xs[k][at]
 
-        v = part(len(xs) - 1)
-        for k in range(len(xs) - 2, -1, -1):  # a chain of lazy selects: each element loads from one input only
-            v = te.select(i[axis] < starts[k + 1], part(k), v)
-        return v
+        def pick(lo: int, hi: int):  # inputs lo..hi-1: lazy selects, so each element loads from one input only,
+            if hi - lo == 1:  # split at the middle, so they nest log2(n) deep (3,000 inputs in a chain overflowed
+                return part(lo)  # the recursion of every pass over the expression)
+            mid = (lo + hi) // 2
+            return te.select(i[axis] < starts[mid], pick(lo, mid), pick(mid, hi))
+
+        return pick(0, len(xs))
 
     shape = xs[0].shape[:axis] + (starts[-1],) + xs[0].shape[axis + 1 :]
     return [te.compute(shape, body, name=name, tag="injective")]
