@@ -170,15 +170,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an artifact on inputs from an .npz file (random inputs if none), optionally timing it."""
     from compiler.artifact.runtime import Artifact
 
+    if Path(args.artifact).suffix.lower() == ".onnx":
+        raise SystemExit(
+            f"error: {args.artifact} is an ONNX model; `run` takes a compiled artifact: "
+            f"tilefarm compile {args.artifact} -o {Path(args.artifact).with_suffix('.tar')}"
+        )
     art = Artifact.load(args.artifact)
     if args.inputs:
-        try:
-            with np.load(args.inputs) as data:
-                inputs = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as e:
-            raise SystemExit(
-                f"error: cannot read inputs {args.inputs!r} (an .npz with one array per input): {e}"
-            ) from None
+        inputs = _read_inputs(args.inputs, art.meta["inputs"])
     else:
         rng = np.random.default_rng(0)
         inputs = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.meta["inputs"]}
@@ -204,6 +203,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{r['in_run'] * 1e3:9.3f} ms {share:5.1f}% {r['seconds'] * 1e3:8.3f} ms  {r['kernel']}")
         print(f"{in_run * 1e3:9.3f} ms  100.0% {hot * 1e3:8.3f} ms  all kernels")
     return 0
+
+
+def _read_inputs(path: str, specs: list[dict]) -> dict[str, np.ndarray]:
+    """A run's inputs: an .npz with one array per input, or an .npy for a model of one input; each in its input's
+    dtype (a different one is refused, naming both: casting float data to int, or int64 to float32, would change it)."""
+    names = [i["name"] for i in specs]
+    try:
+        if path.endswith(".npy"):
+            if len(specs) != 1:
+                raise SystemExit(f"error: the model takes {len(specs)} inputs ({', '.join(names)}): give an .npz")
+            inputs = {names[0]: np.load(path, allow_pickle=False)}
+        else:
+            with np.load(path, allow_pickle=False) as data:
+                inputs = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise SystemExit(
+            f"error: cannot read inputs {path!r} (an .npz with one array per input, or an .npy): {e}"
+        ) from None
+    for spec in specs:
+        a = inputs.get(spec["name"])
+        if a is not None and a.dtype != np.dtype(spec["dtype"]):
+            raise SystemExit(
+                f"error: input {spec['name']!r} is {a.dtype} in {path} but the model takes {spec['dtype']}"
+            )
+    return inputs
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -448,6 +472,30 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(lowest: int):
+    """An argparse type: an integer no smaller than `lowest`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {value}")
+        return value
+
+    return parse
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilefarm")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     from compiler.search.task_scheduler import TRIALS_PER_TASK
 
@@ -460,13 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     from tilefarm.serve import add_serve_parser
 
     p = argparse.ArgumentParser(prog="tilefarm", description="a deep-learning compiler with an auto-scheduler")
+    p.add_argument("--version", action="version", version=f"tilefarm {_version()}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (also TILEFARM_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernel", help=cmd_kernel.__doc__)
     k.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
     k.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
     k.add_argument("--schedule", default="hand", help="naive, hand, or a JSON file of step records")
     k.add_argument("--show", choices=["loopir", "llvm", "asm"], help="also print this stage")
-    k.add_argument("--repeat", type=int, default=10)
+    k.add_argument("--repeat", type=_at_least(1), default=10)
     k.add_argument("--save-steps", help="write the schedule's step records (JSON) here")
     k.add_argument("--emit-lib", help="also link the kernel into this shared library")
     c = sub.add_parser("compile", help=cmd_compile.__doc__)
@@ -480,9 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     _disable_pass_option(c)
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")
-    r.add_argument("--inputs", help=".npz with one array per model input (default: random)")
+    r.add_argument("--inputs", help=".npz with one array per model input, or .npy for one input (default: random)")
     r.add_argument("-o", "--output", help="write outputs to this .npz")
-    r.add_argument("--repeat", type=int, default=0, help="time this many runs and print the median")
+    r.add_argument("--repeat", type=_at_least(0), default=0, help="time this many runs and print the median")
     r.add_argument("--profile", action="store_true", help="time every kernel call")
     i = sub.add_parser("inspect", help=cmd_inspect.__doc__)
     i.add_argument("model")
@@ -517,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             t.add_argument("name", help=f"one of: {', '.join([*BUILDERS, *ops.KERNELS])}")
             t.add_argument("--shape", help="gemm: M,N,K; conv2d (3x3, pad 1): N,C,H,W,F")
-        t.add_argument("--trials", type=int, default=1000, help="measurement budget over all tasks")
+        t.add_argument("--trials", type=_at_least(1), default=1000, help="measurement budget over all tasks")
         t.add_argument(
             "--time-budget", type=float, help="measure new programs for this many seconds (then --retime-best)"
         )
@@ -529,10 +579,14 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="continue from the records; no program is measured again (but for --retime-best at the end)",
         )
-        t.add_argument("--threads", type=int, help="threads kernels run on while measured (default: all cores)")
-        t.add_argument("--per-round", type=int, default=64, help="programs measured per round")
-        t.add_argument("--population", type=int, default=512, help="evolutionary search population")
-        t.add_argument("--early-stopping", type=int, help="stop a task after this many trials without improvement")
+        t.add_argument(
+            "--threads", type=_at_least(1), help="threads kernels run on while measured (default: all cores)"
+        )
+        t.add_argument("--per-round", type=_at_least(1), default=64, help="programs measured per round")
+        t.add_argument("--population", type=_at_least(2), default=512, help="evolutionary search population")
+        t.add_argument(
+            "--early-stopping", type=_at_least(1), help="stop a task after this many trials without improvement"
+        )
         t.add_argument(
             "--retime-best",
             type=int,
@@ -541,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             help="when tuning ends, time each task's K fastest programs again, side by side, so that its best rests "
             "on more than one lucky timing (0: off)",
         )
-        t.add_argument("--repeat", type=int, default=1, help="timed repeats per program (of >= 100 ms each)")
+        t.add_argument("--repeat", type=_at_least(1), default=1, help="timed repeats per program (of >= 100 ms each)")
         t.add_argument(
             "--cache-flush",
             action="store_true",
@@ -554,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             help="cold: flush the model's weights (only) from the caches before each timed call, as a run of a model "
             "whose weights exceed the last-level cache meets them; auto (default): cold exactly then",
         )
-        t.add_argument("--seed", type=int, default=0)
+        t.add_argument("--seed", type=_at_least(0), default=0)
         t.add_argument(
             "--no-sibling-sharing",
             action="store_true",
@@ -601,8 +655,13 @@ def main(argv: list[str] | None = None) -> int:
         "records": cmd_records,
     }
     try:
+        output = getattr(args, "output", None)
+        if output:  # a missing folder for what a command writes is made, not a traceback
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
         return args.func(args) if "func" in args else commands[args.command](args)
-    except TilefarmError as e:
+    except (TilefarmError, OSError) as e:
+        if args.debug or os.environ.get("TILEFARM_DEBUG") == "1":
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 
