@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from compiler.targets import host_target as this_host_target
 from compiler.tensor import dag_json
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task, constant_bytes, tuning_plan
-from server import storage
+from server import archive, storage
 from server.database import SQLDatabase, this_host
 from server.db import session_scope
 from server.models import Host, ModelTask, UploadedModel, WorkerRow, Workload
@@ -148,20 +149,31 @@ def register_model(
     name: str,
     input_shapes: dict[str, list[int]] | None,
 ) -> tuple[ModelOut, bool]:
-    """Register an upload as a model of the team; returns its model object and whether the team had it already.
-    The upload must load and split into tasks (a TilefarmError says why not); on any failure no row and no file
-    are left behind."""
+    """Register an upload (an .onnx, or an archive of one and its external data files: server.archive) as a model of
+    the team; returns its model object and whether the team had it already. The upload must load and split into tasks
+    (a TilefarmError says why not); on any failure no row and no file are left behind."""
+    unpacked = None
     try:
         with session_scope(settings, write=False) as session:
             model = find_model(session, team_id, upload.sha256)
             if model is not None:
                 return model_view(session, settings, model), True
-        # bytes, not the path: the frontend's messages would name the server's storage folder
+        # an archive is unpacked (the model and its external data files); a plain .onnx must not reference any
+        if archive.is_archive(upload.path):
+            unpacked = archive.unpack(upload.path, storage.scratch_path(settings), settings.max_upload_bytes)
+            proto = archive.read_model(unpacked.folder / unpacked.model, unpacked.member)
+        else:
+            proto = archive.read_upload(upload.path, "the upload")
+        # a ModelProto, not the path: the frontend's messages would name the server's storage folder
         # the tasks a job tunes, its convs' other forms included (weight 0), as `tilefarm tune` does by default
-        plan = tuning_plan(load(upload.path.read_bytes(), input_shapes))
+        plan = tuning_plan(load(proto, input_shapes))
+        del proto  # the loaded graph holds the weights now
         tasks = plan.all_tasks
         records_db(settings.database_url).describe_workloads(tasks)  # committed on its own: shared, idempotent
-        path, created = storage.keep(settings, upload)
+        if unpacked is None:
+            path, created = storage.keep(settings, upload)
+        else:
+            path, created = storage.keep_unpacked(settings, unpacked.folder, unpacked.model, upload.sha256)
         try:
             with session_scope(settings) as session:
                 model = UploadedModel(
@@ -196,13 +208,15 @@ def register_model(
             return model_view(session, settings, model, tasks=tasks), False
     finally:
         storage.discard(upload)  # the temporary file, if it was not moved to its content address
+        if unpacked is not None:
+            shutil.rmtree(unpacked.folder, ignore_errors=True)  # likewise the unpacked folder
 
 
 def _delete_unreferenced(settings: Settings, path: Path) -> None:
     """Delete a model file no row names (another team may have registered the same bytes meanwhile)."""
     with session_scope(settings, write=False) as session:
         if not session.scalar(select(exists().where(UploadedModel.path == str(path)))):
-            storage.delete(path)
+            storage.delete_model(settings, path)
 
 
 # ---------------------------------------------------------------------------------------------- views
@@ -244,7 +258,7 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
     try:
         return [Task(w.key, workload_dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
     except dag_json.DAGFormatError:
-        graph = load(storage.resolve(settings, model.path).read_bytes(), model.input_shapes)
+        graph = load(archive.read_model(storage.resolve(settings, model.path), model.name), model.input_shapes)
         return tuning_plan(graph).all_tasks
 
 

@@ -1,12 +1,14 @@
 """Files in the storage folder the API and the workers share: uploads are streamed into a temporary file there (its
 sha256 computed while writing, stopped as soon as the size limit is passed) and then moved to their content
-address, models/<sha256[:2]>/<sha256>.onnx; artifacts are the workers' storage/artifacts/<id>.tar."""
+address, models/<sha256[:2]>/<sha256>.onnx, or for an archive (a model with external data) unpacked into the folder
+models/<sha256[:2]>/<sha256>/; artifacts are the workers' storage/artifacts/<id>.tar."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import secrets
+import shutil
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +230,29 @@ def keep(settings: Settings, stored: StoredFile) -> tuple[Path, bool]:
         return dest, False
     os.replace(stored.path, dest)
     return dest, True
+
+
+def keep_unpacked(settings: Settings, folder: Path, model: str, sha256: str) -> tuple[Path, bool]:
+    """Move an unpacked archive (`folder`, holding the file `model` and its data files) to the content address of the
+    archive's bytes; returns the model's path there and whether this call created it."""
+    dest = settings.storage / MODELS / sha256[:2] / sha256
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(folder, dest)  # fails when dest is there: the same archive was kept before (or meanwhile)
+    except OSError:
+        if not dest.is_dir():
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+        return dest / model, False
+    return dest / model, True
+
+
+def delete_model(settings: Settings, path: Path) -> None:
+    """Delete a stored model: its file, or the folder an archive was unpacked into."""
+    if path.parent.parent.parent == settings.storage / MODELS:  # models/<sha256[:2]>/<sha256>/<model>.onnx
+        shutil.rmtree(path.parent, ignore_errors=True)
+    else:
+        delete(path)
 
 
 def discard(stored: StoredFile) -> None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import stat
+import tarfile
+import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,10 +19,10 @@ import numpy as np
 import onnx
 import pytest
 from fastapi.testclient import TestClient
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from sqlalchemy import delete, func, select
 
-from compiler.artifact.build import build
+from compiler.artifact.build import build, run_in_process
 from compiler.base.target import Target
 from compiler.costs.records import VERSION, TuningRecord, target_name
 from compiler.model.onnx_import import load
@@ -269,6 +273,110 @@ def test_malformed_models_are_refused_and_leave_nothing(client, settings, tiny_c
     assert_error(client.post(f"{API}/models", content=tiny_cnn), 422, "bad_upload")
     assert count_models(settings) == 0 and stored_files(settings) == []
     onnx.load_from_string(unsupported_op_model())  # valid ONNX: refused for the op alone
+
+
+def external_data_model(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """x @ w + b saved by onnx.save_model with its weights in weights.bin beside model.onnx (external data)."""
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])]
+    weights = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph(nodes, "dense", [x], [y], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folder.mkdir(parents=True)
+    onnx.save_model(model, folder / "model.onnx", save_as_external_data=True, location="weights.bin", size_threshold=0)
+    return folder / "model.onnx", w, b
+
+
+def zip_of(files: dict[str, bytes], links: tuple[str, ...] = ()) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        for name in links:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            z.writestr(info, "/etc/passwd")
+    return buf.getvalue()
+
+
+def tar_of(files: dict[str, bytes], gz: bool = False, links: tuple[str, ...] = ()) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz" if gz else "w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        for name in links:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            t.addfile(info)
+    return buf.getvalue()
+
+
+def external_data_files(tmp_path: Path) -> tuple[dict[str, bytes], np.ndarray, np.ndarray]:
+    path, w, b = external_data_model(tmp_path / "net")
+    return {"net/model.onnx": path.read_bytes(), "net/weights.bin": (path.parent / "weights.bin").read_bytes()}, w, b
+
+
+def test_an_archive_brings_a_models_external_data(client, settings, tmp_path):
+    """A model whose weights are in an external data file, uploaded as a zip, a tar and a tar.gz of it and that file:
+    stored unpacked (the data beside the model), so a worker loads it by its path and compiles it."""
+    files, w, b = external_data_files(tmp_path)
+    archives = {"zip": zip_of({**files, "net/README.txt": b"not needed"}), "tar": tar_of(files),
+                "tar.gz": tar_of(files, gz=True)}  # fmt: skip
+    models = {}
+    for suffix, data in archives.items():
+        r = upload(client, data, f"net.{suffix}")
+        assert r.status_code == 201, r.text
+        models[suffix] = r.json()
+        assert models[suffix]["name"] == "net" and models[suffix]["size_bytes"] == len(data)
+    assert len({m["id"] for m in models.values()}) == 3
+    assert {json.dumps(m["tasks"]) for m in models.values()} == {json.dumps(models["zip"]["tasks"])}
+    again = upload(client, archives["zip"], "renamed.zip")
+    assert again.status_code == 200 and again.json()["duplicate"] is True and again.json()["id"] == models["zip"]["id"]
+
+    with session_scope(settings, write=False) as session:
+        path = Path(session.get_one(UploadedModel, models["zip"]["id"]).path)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx", "weights.bin"]  # the README stayed out
+    x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
+    got = run_in_process(load(str(path)), {"x": x})["y"]  # as the compile and search workers load it
+    np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
+    assert [p for p in (settings.storage / "tmp").rglob("*") if p.is_file()] == []
+
+
+def test_external_data_missing_from_an_upload_is_named(client, settings, tmp_path):
+    files, _, _ = external_data_files(tmp_path)
+    detail = assert_error(upload(client, files["net/model.onnx"], "model.onnx"), 422, "missing_external_data")
+    assert "weights.bin" in detail and "archive" in detail
+    detail = assert_error(upload(client, zip_of({"net/model.onnx": files["net/model.onnx"]}), "net.zip"), 422,
+                          "missing_external_data")  # fmt: skip
+    assert "net/weights.bin" in detail and str(settings.storage) not in detail
+    assert count_models(settings) == 0 and stored_files(settings) == []
+
+
+def test_unsafe_ambiguous_and_oversized_archives_are_refused(client, settings, tmp_path):
+    files, _, _ = external_data_files(tmp_path)
+    model = files["net/model.onnx"]
+    refused = [
+        (zip_of({**files, "../evil.bin": b"x"}), 422, "'..'"),
+        (tar_of({**files, "net/../../evil.bin": b"x"}), 422, "'..'"),
+        (tar_of({**files, "/tmp/evil.bin": b"x"}), 422, "absolute"),
+        (zip_of({"net/model.onnx": model}, links=("net/weights.bin",)), 422, "link"),
+        (tar_of({"net/model.onnx": model}, gz=True, links=("net/weights.bin",)), 422, "link"),
+        (zip_of({**files, "other/model.onnx": model}), 422, "net/model.onnx, other/model.onnx"),
+        (zip_of({"weights.bin": b"x"}), 422, "no .onnx model"),
+        (zip_of({**files, "net/pad.bin": bytes(LIMIT)}), 413, "TILEFARM_MAX_UPLOAD_BYTES"),  # ~1 KiB compressed
+        (tar_of({**files, "net/pad.bin": bytes(LIMIT)}, gz=True), 413, "TILEFARM_MAX_UPLOAD_BYTES"),
+    ]
+    for data, status, words in refused:
+        assert len(data) < LIMIT
+        code = "upload_too_large" if status == 413 else "bad_upload"
+        assert words in assert_error(upload(client, data, "net.zip"), status, code)
+    assert not (settings.storage.parent / "evil.bin").exists() and not Path("/tmp/evil.bin").exists()
+    assert count_models(settings) == 0 and stored_files(settings) == []
 
 
 # ---------------------------------------------------------------------------------------------- jobs

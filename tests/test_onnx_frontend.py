@@ -272,14 +272,14 @@ def test_defaults_are_filled_in():
     nodes = [
         helper.make_node("LeakyRelu", ["x"], ["a"]),
         helper.make_node("Gemm", ["a", "w"], ["b"], transB=1),
-        helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT64),
-        helper.make_node("Dropout", ["c"], ["d"]),
+        helper.make_node("Dropout", ["b"], ["c"]),  # (of floats: Dropout takes no int64)
+        helper.make_node("Cast", ["c"], ["d"], to=TensorProto.INT64),
     ]
     g = load(make(nodes, [("x", F, [2, 3])], [("d", I64, None)], 13, {"w": np.ones((4, 3), np.float32)}))
-    assert [n.op for n in g.nodes] == ["LeakyRelu", "Gemm", "Cast", "Identity"]
+    assert [n.op for n in g.nodes] == ["LeakyRelu", "Gemm", "Identity", "Cast"]
     assert g.nodes[0].attrs == {"alpha": 0.01}
     assert g.nodes[1].attrs == {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}
-    assert g.nodes[2].attrs == {"to": "int64"} and g.outputs[0].type.dtype == "int64"
+    assert g.nodes[3].attrs == {"to": "int64"} and g.outputs[0].type.dtype == "int64"
 
 
 # ---------------------------------------------------------------------------------------------- folding
@@ -628,3 +628,29 @@ def test_a_model_whose_numbers_ask_for_gigabytes_is_refused_before_allocating(ca
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])], inits)  # fmt: skip
     with pytest.raises(InvalidModel, match=message):
         load(model)
+
+
+def test_a_dtype_an_op_does_not_take_is_refused_naming_it():
+    # onnx.checker does not look at types: a BatchNormalization of uint8 data, an Add of float and int64
+    bn = make([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")],
+              [("x", TensorProto.UINT8, [1, 2, 3])], [("y", TensorProto.UINT8, None)], 15,
+              {k: np.ones(2, np.float32) for k in "sbmv"})  # fmt: skip
+    with pytest.raises(InvalidModel, match="BatchNormalization node 'bn': input 0 \\('x'\\) is tensor\\(uint8\\)"):
+        load(bn)
+    add = make([helper.make_node("Add", ["x", "k"], ["y"], name="mixed")], [("x", F, [2])], [("y", F, None)], 13,
+               {"k": np.ones(2, np.int64)})  # fmt: skip
+    with pytest.raises(InvalidModel, match="Add node 'mixed': input 1 \\('k'\\) is tensor\\(int64\\) while another"):
+        load(add)
+
+
+def test_conv_window_attributes_are_bounded():
+    w = {"w": np.ones((2, 1, 3, 3), np.float32)}
+    for attrs, message in [
+        ({"kernel_shape": [3, -2, 2**40]}, "kernel_shape \\[3, -2, 1099511627776\\] must be 2"),
+        ({"strides": [0, 1]}, "strides \\[0, 1\\] must be 2 values of at least 1"),
+        ({"kernel_shape": [2, 2]}, "kernel_shape \\[2, 2\\] but the weight is \\[2, 1, 3, 3\\]"),
+    ]:
+        model = make([helper.make_node("Conv", ["x", "w"], ["y"], name="c", **attrs)], [("x", F, [1, 1, 5, 5])],
+                     [("y", F, ["n", "f", "h", "w"])], 13, w)  # fmt: skip
+        with pytest.raises(InvalidModel, match=f"Conv node 'c': {message}"):
+            load(model)

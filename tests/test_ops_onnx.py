@@ -209,6 +209,35 @@ def binary_cases() -> list[Case]:
     return cases
 
 
+SHIFTED = ("uint8", "uint16", "uint32", "uint64", "int8", "int32", "int64")
+
+
+def _shift_inputs(dtype: str, n: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Values over the dtype's whole range (2 x 1 x n) and every count from below 0 (signed dtypes; opset 28 allows
+    them) to past the width (k x 1): broadcast against each other."""
+    info, bits = np.iinfo(dtype), np.dtype(dtype).itemsize * 8
+    rng = np.random.default_rng(bits)  # not RNG: the cases after these keep their data
+    x = rng.integers(info.min, info.max, (2, 1, n), dtype=dtype, endpoint=True)
+    return x, np.arange(-3 if info.min < 0 else 0, bits + 3).astype(dtype).reshape(-1, 1)
+
+
+def bitshift_cases() -> list[Case]:
+    # against onnxruntime: onnx's reference agrees, but the spec left a count of the width or more undefined before
+    # opset 28; onnxruntime (and tilefarm) shift every bit out there, giving 0 (-1 for a negative value shifted right)
+    cases = []
+    for dt in SHIFTED:
+        for direction in ("LEFT", "RIGHT"):
+            opset = 18 if dt.startswith("u") else 28  # the signed dtypes came with opset 28
+            cases.append(Case("BitShift", list(_shift_inputs(dt)), {"direction": direction}, opset=opset,
+                              onnxruntime=True))  # fmt: skip
+    count = np.array(32, np.uint32)  # one count for all, the width itself
+    cases.append(Case("BitShift", [np.arange(1, 9, dtype=np.uint32) << 28, count], {"direction": "LEFT"},
+                      onnxruntime=True))  # fmt: skip
+    cases.append(Case("BitShift", [np.array([255], np.uint8), np.arange(12, dtype=np.uint8)], {"direction": "LEFT"},
+                      onnxruntime=True))  # fmt: skip
+    return cases
+
+
 def other_elementwise_cases() -> list[Case]:
     cases = [
         Case("Where", [bools(3, 1), f32(1, 4), f32(3, 4)]),
@@ -226,6 +255,14 @@ def other_elementwise_cases() -> list[Case]:
         to = np_dtype_to_tensor_dtype(np.dtype(dst))
         cases.append(Case("Cast", [x], {"to": dst}, {"to": to}))
     cases.append(Case("Cast", [f32(4)], {"to": TensorProto.INT64}))  # the enum value works as well as the name
+    # the wider unsigned dtypes (BitShift's): in range, and past the signed type of their width
+    big = np.array([0.0, 1.5, 3e9, 4294967040.0, 1e19, 2.0**63], np.float64)
+    cases += [
+        Case("Cast", [big[:4]], {"to": "uint32"}, {"to": TensorProto.UINT32}),
+        Case("Cast", [big], {"to": "uint64"}, {"to": TensorProto.UINT64}),
+        Case("Cast", [np.array([0, 1, 2**63, 2**64 - 1], np.uint64)], {"to": "float64"}, {"to": TensorProto.DOUBLE}),
+        Case("Cast", [np.array([0, 300, 65535], np.uint16)], {"to": "int8"}, {"to": TensorProto.INT8}),
+    ]
     cases.append(Case("CastLike", [f32(3, 2) * 9, ints(1, dtype="int8")]))
     cases += [
         Case("Sum", [f32(3, 4), f32(4), f32(1, 1)], tol=ARITH),
@@ -570,6 +607,18 @@ def resize_cases() -> list[Case]:
     # scale * size not an integer: half_pixel_symmetric re-centres (opset 19)
     for mode in ("nearest", "linear"):
         cases.append(case(x, (1, 2, 6, 8), mode, "half_pixel_symmetric", scales=(1, 1, 1.7, 1.7), opset=19))
+    # nearest where onnxruntime's float32 source coordinates, and its tie window, pick another pixel than float64 ones
+    # (onnx's reference): tilefarm follows onnxruntime. 13 -> 2 asymmetric: 1 / float32(2/13) = 6.4999995, a tie
+    ties = [((1, 1, 2, n), (1, 1, 2, m), coord, nmode, None) for n, m, coord, nmode in (
+        (3, 1, "half_pixel_symmetric", "floor"), (14, 9, "half_pixel_symmetric", "round_prefer_ceil"),
+        (14, 2, "asymmetric", "floor"), (7, 9, "pytorch_half_pixel", "floor"),
+        (13, 2, "asymmetric", "round_prefer_ceil"), (13, 2, "asymmetric", "round_prefer_floor"),
+        (20, 6, "half_pixel", "round_prefer_ceil"))]  # fmt: skip
+    ties.append(((1, 1, 2, 7), (1, 1, 2, 3), "half_pixel_symmetric", "ceil", (1, 1, 1, 0.5)))
+    for shape, sizes, coord, nmode, scales in ties:
+        pixels = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)  # each value names its pixel
+        cases.append(case(pixels, sizes, "nearest", coord, nmode, scales=scales, opset=19))
+        cases[-1].onnxruntime = True
     # a crop box partly outside the input: those outputs are extrapolation_value
     roi = (0, 0, -0.25, 0.25, 1, 1, 0.75, 1.5)
     for mode in ("nearest", "linear"):
@@ -672,8 +721,8 @@ def indexing_cases() -> list[Case]:
 
 
 CASES = (
-    unary_cases() + binary_cases() + other_elementwise_cases() + reduce_cases() + nn_cases() + transform_cases()
-    + indexing_cases()
+    unary_cases() + binary_cases() + bitshift_cases() + other_elementwise_cases() + reduce_cases() + nn_cases()
+    + transform_cases() + indexing_cases()
 )
 
 
@@ -726,6 +775,20 @@ def test_sin_cos_vectorized_and_interpreted(op, dtype):
     np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-12, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", SHIFTED)
+def test_bitshift_interpreted(dtype):
+    # the interpreter (Python ints) reads te's shifts as codegen does, counts past the width included
+    x, count = _shift_inputs(dtype)
+    opset = 18 if dtype.startswith("u") else 28
+    for direction in ("LEFT", "RIGHT"):
+        case = Case("BitShift", [x, count], {"direction": direction}, opset=opset, onnxruntime=True)
+        a, b = te.placeholder(x.shape, dtype, "a"), te.placeholder(count.shape, dtype, "b")
+        (out,) = ops.OPS["BitShift"]([a, b], case.attrs, "n0")
+        got = np.zeros(out.shape, dtype)
+        interp.run(lower(initial_state(ComputeDAG([a, b, out])), "kernel"), x, count, got)
+        np.testing.assert_array_equal(got, run_onnx(case, [got])[0], err_msg=direction)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -753,6 +816,11 @@ def ph(*shape, dtype="float32", name="x"):
         ("BatchNormalization", [ph(1, 3, 2, 2), *(ph(3, name=f"p{i}") for i in range(4))], {"training_mode": 1},
          InvalidExpr, "training_mode"),
         ("Relu", [None], {}, InvalidExpr, "input 0"),
+        ("BitShift", [ph(3, dtype="uint8"), ph(3, dtype="uint8", name="y")], {"direction": "UP"}, InvalidExpr,
+         "LEFT or RIGHT"),
+        ("BitShift", [ph(3), ph(3, name="y")], {"direction": "LEFT"}, UnsupportedDType, "BitShift: input x"),
+        ("BitShift", [ph(3, dtype="uint8"), ph(3, dtype="uint32", name="y")], {"direction": "LEFT"}, InvalidExpr,
+         "one dtype"),
     ],
 )  # fmt: skip
 def test_op_errors(op, inputs, attrs, error, match):

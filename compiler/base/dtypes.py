@@ -11,8 +11,11 @@ DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
     "int8": np.dtype(np.int8),
     "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
     "int32": np.dtype(np.int32),
+    "uint32": np.dtype(np.uint32),
     "int64": np.dtype(np.int64),
+    "uint64": np.dtype(np.uint64),
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
 }

@@ -398,6 +398,8 @@ def _count_ops(e: Expr, c: list[int]) -> None:
             c[off + _ADDSUB] += 1
         elif op == "mul":
             c[off + _MUL] += 1
+        elif op == "shl" or op == "shr":  # one ALU op, as an add is
+            c[off + _ADDSUB] += 1
         elif op in ("div", "floordiv", "mod"):
             c[off + _DIVMOD] += 1
         elif op in _COMPARE:

@@ -27,6 +27,8 @@ BINARY = {
     "min": "min({}, {})",
     "max": "max({}, {})",
     "pow": "_pow({}, {})",
+    "shl": "_shl({}, {}, {bits})",
+    "shr": "_shr({}, {}, {bits})",
     "lt": "({} < {})",
     "le": "({} <= {})",
     "eq": "({} == {})",
@@ -66,6 +68,15 @@ def _floordiv(a, b):
 
 def _mod(a, b):
     return a % b if b else 0
+
+
+def _shl(a, b, bits):
+    return a << b if 0 <= b < bits else 0  # wrapped to the dtype by the cast around it (`_wrap`, or the store)
+
+
+def _shr(a, b, bits):
+    # Python's >> on a negative int is arithmetic, as on a signed dtype; an unsigned value is never negative
+    return a >> b if 0 <= b < bits else (-1 if a < 0 else 0)
 
 
 def _exp(x):
@@ -119,7 +130,7 @@ def _expr(e: Expr) -> str:
     if isinstance(e, Var):
         return _name(e.name)
     if isinstance(e, Binary):
-        return _wrap(e, BINARY[e.op].format(_expr(e.a), _expr(e.b)))
+        return _wrap(e, BINARY[e.op].format(_expr(e.a), _expr(e.b), bits=dtypes.bits(e.dtype)))
     if isinstance(e, Unary):
         return _wrap(e, UNARY[e.op].format(_expr(e.a)))
     if isinstance(e, Select):
@@ -132,9 +143,10 @@ def _expr(e: Expr) -> str:
 
 
 def _wrap(e: Expr, code: str) -> str:
-    # Python ints never overflow, but compiled code (and numpy) wrap int8/int32 arithmetic at every operation;
-    # index arithmetic is int64 and left alone, so loops pay nothing for this
-    if dtypes.is_int(e.dtype) and dtypes.bits(e.dtype) < 64:
+    # Python ints never overflow, but compiled code (and numpy) wrap integer arithmetic at every operation; index
+    # arithmetic is int64 and left alone, so loops pay nothing for this, unless it is a left shift (which pushes
+    # bits past the top at any width)
+    if dtypes.is_int(e.dtype) and (e.dtype != dtypes.INDEX or isinstance(e, Binary) and e.op == "shl"):
         return f"_cast_{e.dtype}({code})"
     return code
 
@@ -198,6 +210,8 @@ def run(f: Func, *arrays: np.ndarray) -> None:
         "_sin": _sin,
         "_cos": _cos,
         "_pow": _pow,
+        "_shl": _shl,
+        "_shr": _shr,
     }
     env.update({f"_cast_{d}": _to(d) for d in dtypes.DTYPES})
     exec(compile(to_python(f), f"<loopir {f.name}>", "exec"), env)
@@ -208,4 +222,5 @@ def run(f: Func, *arrays: np.ndarray) -> None:
         lists.append(a.reshape(-1).tolist())
     env[_name(f.name)](*lists)
     for a, values in zip(arrays, lists):
-        a.reshape(-1)[:] = np.asarray(values, dtype=np.float64 if a.dtype.kind == "f" else None).astype(a.dtype)
+        # stores wrapped integers to their dtype; inferring one would take uint64's top half for float64
+        a.reshape(-1)[:] = np.asarray(values, dtype=np.float64 if a.dtype.kind == "f" else a.dtype).astype(a.dtype)

@@ -18,7 +18,7 @@ import numpy as np
 from compiler.base import dtypes
 from compiler.base.errors import InvalidExpr
 
-ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "pow")
+ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "pow", "shl", "shr")
 COMPARE = ("lt", "le", "eq", "ne", "gt", "ge")
 LOGIC = ("and", "or")
 _BOOL_RESULT = frozenset(COMPARE + LOGIC)  # ops whose result is a bool, looked up on every Binary built
@@ -31,6 +31,8 @@ SYMBOLS = {
     "div": "/",
     "floordiv": "//",
     "mod": "%",
+    "shl": "<<",
+    "shr": ">>",
     "lt": "<",
     "le": "<=",
     "eq": "==",
@@ -86,6 +88,12 @@ class Expr:
 
     def __pow__(self, o):
         return Binary("pow", self, wrap(o, self))
+
+    def __lshift__(self, o):
+        return shift_left(self, o)
+
+    def __rshift__(self, o):
+        return shift_right(self, o)
 
     def __neg__(self):
         return Unary("neg", self)
@@ -458,6 +466,27 @@ def equal(a: Any, b: Any) -> Expr:
 def not_equal(a: Any, b: Any) -> Expr:
     a = wrap(a, b if isinstance(b, Expr) else None)
     return Binary("ne", a, wrap(b, a))
+
+
+def _shift(op: str, a: Any, b: Any) -> Expr:
+    a = wrap(a, b if isinstance(b, Expr) else None)
+    b = wrap(b, a)
+    if not (dtypes.is_int(a.dtype) and a.dtype == b.dtype):
+        name = "shift_left" if op == "shl" else "shift_right"
+        raise InvalidExpr(f"te.{name} shifts an integer by a count of its dtype, got {a.dtype} and {b.dtype}; cast one")
+    return Binary(op, a, b)
+
+
+def shift_left(a: Any, b: Any) -> Expr:
+    """a << b. A count outside [0, bits of the dtype) shifts every bit out: 0 (ONNX BitShift's answer, where C's and
+    LLVM's is undefined)."""
+    return _shift("shl", a, b)
+
+
+def shift_right(a: Any, b: Any) -> Expr:
+    """a >> b: logical for an unsigned dtype, arithmetic (the sign copied in) for a signed one. A count outside
+    [0, bits) shifts every bit out: 0, or -1 for a negative `a`."""
+    return _shift("shr", a, b)
 
 
 def min_value(dtype: str) -> Const:

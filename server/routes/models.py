@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from server import catalog, storage, workloads
+from server import archive, catalog, storage, workloads
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.schemas import ERROR_RESPONSES, CoverageMatrix, ModelOut, UploadedModelOut, error_responses
 
@@ -24,7 +23,12 @@ UPLOAD_BODY = {
                     "type": "object",
                     "required": ["file"],
                     "properties": {
-                        "file": {"type": "string", "format": "binary", "description": "the .onnx model"},
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "the .onnx model, or a .zip / .tar / .tar.gz archive of it and the "
+                            "external data files it references",
+                        },
                         "name": {"type": "string", "description": "default: the file's name"},
                         "input_shapes": {
                             "type": "string",
@@ -51,13 +55,14 @@ async def upload_model(
     request: Request, response: Response, who: CurrentTeam, settings: SettingsDep
 ) -> UploadedModelOut:
     """Upload an ONNX model (multipart `file`, optional `name` and `input_shapes`): 201 when new, 200 with
-    `duplicate` when the team had uploaded the same bytes; 413 over the size limit, 422 if it cannot compile."""
+    `duplicate` when the team had uploaded the same bytes; 413 over the size limit, 422 if it cannot compile. A model
+    with external data comes as an archive of it and its data files (server.archive checks and unpacks it)."""
     limit = settings.max_upload_bytes
     storage.check_length(request.headers, limit)
     upload = await storage.receive_multipart(settings, request.headers.get("content-type", ""), request.stream(), limit)
     try:
         shapes = catalog.parse_shapes(upload.fields.get("input_shapes"))
-        name = upload.fields.get("name", "").strip() or Path(upload.filename or "").stem or "model"
+        name = upload.fields.get("name", "").strip() or archive.stem(upload.filename or "") or "model"
         model, duplicate = await run_in_threadpool(
             catalog.register_model, settings, who.team_id, upload.file, name, shapes
         )

@@ -40,7 +40,15 @@ from compiler.base import dtypes
 from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
 from compiler.model.graph import Graph, Node, TensorType, Value, pooled_extent
 from compiler.model.onnx_import.control_flow import CONTROL_FLOW, Formal, Imported, free_names, import_control
-from compiler.model.onnx_import.converters import AXES_INPUT_FROM, CONVERTERS, FOLD_ONLY, _CannotConvert, _Ctx
+from compiler.model.onnx_import.converters import (
+    AXES_INPUT_FROM,
+    CONVERTERS,
+    FOLD_ONLY,
+    WINDOWED,
+    _CannotConvert,
+    _Ctx,
+    check_window,
+)
 from compiler.model.onnx_import.recurrent import RECURRENT
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
@@ -69,7 +77,7 @@ SMALL_CONST = 1024
 # past them a model's numbers (a ConstantOfShape of [2**28, 4], an input of 2**31 elements) would make the compiler or
 # the artifact allocate without bound, so the model is refused naming the value instead
 MAX_VALUE_BYTES = 2**32
-MAX_FOLD_BYTES = 2**28
+MAX_FOLD_BYTES = 2**30  # VGG-16 light (the onnx model zoo's, weights made by ConstantOfShape) folds a 392 MiB weight
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -84,6 +92,7 @@ def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, li
 def _import(state: _State, input_shapes: dict[str, list[int]]) -> Graph:
     state.fix_inputs(input_shapes)
     state.fold_to_fixpoint()
+    state.check_types()
     state.check_supported()
     state.check_static()
     return state.convert()
@@ -271,6 +280,10 @@ def _static(d: onnx.TensorShapeProto.Dimension) -> bool:
     return d.HasField("dim_value") and d.dim_value > 0
 
 
+def _variadic(formal) -> bool:
+    return formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+
+
 def _nbytes(t: _Type) -> int:
     """Bytes of a statically typed value (Python ints: no overflow however large its dims)."""
     try:
@@ -337,6 +350,7 @@ class _State:
         self.inputs = [vi for vi in g.input if vi.name not in self.consts]
         self.outputs = [vi.name for vi in g.output]
         self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
+        self.declared = {vi.name: vi.type.tensor_type for vi in g.output}  # the outputs' types as the model states them
         self.kept: set[str] = set()  # names of nodes whose function body could not be inlined
         # control-flow nodes (by their outputs) whose subgraphs are imported, and the ops they lack
         self.control: dict[tuple[str, ...], Imported] = {}
@@ -699,12 +713,47 @@ class _State:
             f"{node.op_type} node {name!r}: input {slots} must be a compile-time constant, but is computed at run time"
         )
 
+    def check_types(self) -> None:
+        """Every node's input dtypes within its op's type constraints, and one dtype per constraint (onnx.checker
+        does not look at types; a BatchNormalization of uint8 data or an Add of float and int64 is refused here, as
+        onnxruntime refuses it, rather than compiled into something); convs' and pools' window attributes within
+        their bounds (converters.check_window)."""
+        for node in self.nodes:
+            if node.domain not in DEFAULT_DOMAINS or node.op_type in CONTROL_FLOW:
+                continue
+            x = self.types.get(node.input[0]) if node.input else None
+            if node.op_type in WINDOWED and x is not None and x.shape is not None:
+                w = self._typed(node.input[1])[1] if node.op_type.startswith("Conv") and len(node.input) > 1 else None
+                check_window(node.op_type, node.name, {a.name: _attr_value(a) for a in node.attribute}, len(x.shape), w)
+            try:
+                schema = onnx.defs.get_schema(node.op_type, self.opset)
+            except onnx.defs.SchemaError:
+                continue
+            allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+            bound: dict[str, str] = {}
+            for i, name in enumerate(node.input):
+                if not name or not schema.inputs or (i >= len(schema.inputs) and not _variadic(schema.inputs[-1])):
+                    continue
+                formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+                elem = self._typed(name)[0] if name in self.consts or name in self.types else 0
+                if not elem:
+                    continue
+                given = f"tensor({TensorProto.DataType.Name(elem).lower()})"
+                takes = allowed.get(formal.type_str, {formal.type_str})
+                mixed = formal.type_str in allowed and bound.setdefault(formal.type_str, given) != given
+                if given not in takes or (mixed and (i < len(schema.inputs) or formal.is_homogeneous)):
+                    why = f"while another is {bound[formal.type_str]}" if given in takes else (
+                        f"which it does not take ({', '.join(sorted(takes))})")  # fmt: skip
+                    raise InvalidModel(f"{node.op_type} node {node.name!r}: input {i} ({name!r}) is {given} {why}")
+
     def check_static(self) -> None:
         for vi in self.inputs:
             self._check_size(vi.name, f"input {vi.name!r}")
         for node in self.nodes:
             for out in node.output:
                 self._check_size(out, f"{out!r} (output of {node.op_type} node {node.name!r})")
+        for name in self.outputs:
+            self._check_declared(name)
         bounded = {n for imported in self.control.values() for n in imported.bounded}
         for name in bounded.intersection(self.outputs) if self.nested else ():
             raise InvalidModel(
@@ -730,6 +779,21 @@ class _State:
                 raise InvalidModel(
                     f"graph output {out!r} has no static shape; fix the input shapes with --input-shapes"
                 )
+
+    def _check_declared(self, name: str) -> None:
+        """A graph output computed with another dtype than the model declares for it is refused, as onnxruntime refuses
+        it (its artifact would return what the model says it does not). Not so a shape: exporters state wrong ones
+        (ddddocr's CRNN declares [1, ?] for a [20, 1, 8210] output), which onnxruntime only warns about."""
+        stated, t = self.declared[name], self.types.get(name)
+        if name in self.consts:
+            a = self.consts[name]
+            t = _Type(helper.np_dtype_to_tensor_dtype(a.dtype) if a.dtype != object else 0, a.shape)
+        if t is None or t.elem == 0:
+            return
+        if stated.elem_type and stated.elem_type != t.elem:
+            names = [TensorProto.DataType.Name(e) if e in TensorProto.DataType.values() else str(e)
+                     for e in (stated.elem_type, t.elem)]  # fmt: skip
+            raise InvalidModel(f"graph output {name!r} is declared {names[0]} but computes {names[1]}")
 
     def _check_size(self, name: str, what: str) -> None:
         t = self.types.get(name)

@@ -127,6 +127,28 @@ def _same_pads(auto_pad: str, sizes, kernel, strides, dilations, crop: bool) -> 
     return begin + end
 
 
+WINDOWED = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool")
+
+
+def check_window(op: str, name: str, attrs: dict[str, Any], rank: int, weight: tuple[int, ...] | None) -> None:
+    """A conv's or pool's window attributes as the standard bounds them, one entry per spatial dim of its input of
+    `rank` (and the kernel its `weight` shape's): onnx's checker does not look at values, and kernels built from
+    others read out of bounds or compute something else (found by the loader fuzzer)."""
+    n = rank - 2
+    kernel = attrs.get("kernel_shape", list(weight[2:]) if weight is not None else None)
+    counts = {"kernel_shape": (kernel, n, 1), "strides": (attrs.get("strides"), n, 1),
+              "dilations": (attrs.get("dilations"), n, 1), "pads": (attrs.get("pads"), 2 * n, 0),
+              "output_padding": (attrs.get("output_padding"), n, 0)}  # fmt: skip
+    for what, (values, count, least) in counts.items():
+        if values is not None and (len(values) != count or any(v < least for v in values)):
+            raise InvalidModel(f"{op} node {name!r}: {what} {list(values)} must be {count} values of at least {least} "
+                               f"for its {n}-D input")  # fmt: skip
+    if weight is not None and list(weight[2:]) != list(kernel):
+        raise InvalidModel(f"{op} node {name!r}: kernel_shape {list(kernel)} but the weight is {list(weight)}")
+    if attrs.get("group", 1) < 1:
+        raise InvalidModel(f"{op} node {name!r}: group {attrs['group']} must be at least 1")
+
+
 def _window_attrs(ctx: _Ctx, kernel: list[int], crop: bool = False) -> dict[str, Any]:
     """kernel_shape, strides, dilations and auto_pad resolved into pads, shared by Conv and the pools."""
     n = len(kernel)
@@ -192,6 +214,10 @@ def Conv(ctx: _Ctx) -> list[Node]:
 def ConvTranspose(ctx: _Ctx) -> list[Node]:
     x, w = ctx.inputs[0], ctx.inputs[1]
     kernel = ctx.attrs.get("kernel_shape", list(w.shape[2:]))
+    if w.const is not None and not np.isfinite(w.const).all():
+        # computed as a conv over the zero-upsampled input, where 0 * inf is NaN: onnxruntime's scatter of the
+        # products keeps the outputs no inf weight reaches finite, this form would not
+        raise InvalidModel(f"ConvTranspose node {ctx.name!r}: its weight {w.name!r} holds NaN or inf")
     n = len(kernel)
     strides = list(ctx.attrs.get("strides", [1] * n))
     dilations = list(ctx.attrs.get("dilations", [1] * n))
@@ -251,6 +277,10 @@ def Clip(ctx: _Ctx) -> list[Node]:
         nodes.append(ctx.node(op, [x, b], {}, [out]))
         x = out
     return nodes
+
+
+def BitShift(ctx: _Ctx) -> list[Node]:
+    return [ctx.node("BitShift", ctx.inputs, {"direction": ctx.attrs["direction"]})]  # required: no default
 
 
 def _pool(ctx: _Ctx) -> list[Node]:
@@ -620,6 +650,7 @@ CONVERTERS: dict[str, Callable[[_Ctx], list[Node]]] = {
     "Gemm": Gemm,
     "BatchNormalization": BatchNormalization,
     "Clip": Clip,
+    "BitShift": BitShift,
     "MaxPool": _pool,
     "AveragePool": _pool,
     "Softmax": _softmax,

@@ -124,8 +124,6 @@ def _state(ctx: _Ctx, u: _Unroller, i: int, dirs: int, batch: int, hidden: int, 
     return [u.take(v, d, 1 if layout else 0) for d in range(dirs)]
 
 
-
-
 class _Step:
     """One time step of one direction: the gates' pre-activations and the new state."""
 

@@ -1,5 +1,5 @@
-"""Elementwise ONNX ops: activations and math (unary), broadcasting arithmetic and comparisons (binary), Where,
-Clip, Cast and the variadic Sum / Mean / Max / Min.
+"""Elementwise ONNX ops: activations and math (unary), broadcasting arithmetic, comparisons and bit shifts (binary),
+Where, Clip, Cast and the variadic Sum / Mean / Max / Min.
 
 Each op is one stage. Unary and binary ops are rows of `UNARY` / `BINARY`: (dtypes ONNX allows, the element
 expression); the builders around them handle broadcasting, dtype checks and naming.
@@ -137,6 +137,19 @@ def _prelu(x: Expr, slope: Expr, attrs: dict) -> Expr:
     return te.select(x < _zero(x), x * slope, x)
 
 
+def _bitshift(x: Expr, count: Expr, attrs: dict) -> Expr:
+    # te's shifts answer a count past the width as ONNX (opset 28) and onnxruntime do: every bit shifted out
+    direction = attrs["direction"]
+    if direction not in ("LEFT", "RIGHT"):
+        raise InvalidExpr(f"BitShift: direction must be LEFT or RIGHT, got {direction!r}")
+    return x << count if direction == "LEFT" else x >> count
+
+
+# BitShift's dtypes: the unsigned ones of opset 11, the signed ones opset 28 added (the 16-bit and wider unsigned
+# dtypes are for it alone so far; the arithmetic ops take INTS)
+SHIFTED = ("uint8", "uint16", "uint32", "uint64", "int8", "int32", "int64")
+
+
 # op -> (dtypes of the first input, f(a, b, attrs), whether both inputs must share a dtype)
 BINARY: dict[str, tuple[tuple[str, ...], Callable[[Expr, Expr, dict], Expr], bool]] = {
     "Add": (NUMERIC, lambda a, b, _: a + b, True),
@@ -154,6 +167,7 @@ BINARY: dict[str, tuple[tuple[str, ...], Callable[[Expr, Expr, dict], Expr], boo
     "And": (("bool",), lambda a, b, _: a & b, True),
     "Or": (("bool",), lambda a, b, _: a | b, True),
     "Xor": (("bool",), lambda a, b, _: te.not_equal(a, b), True),
+    "BitShift": (SHIFTED, _bitshift, True),
 }
 
 
@@ -222,7 +236,8 @@ def clip(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 
 # ONNX TensorProto.DataType -> dtype, for the ones tilefarm computes in (no onnx import: it is not a dependency)
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 11: "float64"}
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 6: "int32", 7: "int64", 9: "bool", 11: "float64",
+               12: "uint32", 13: "uint64"}
 
 
 def onnx_dtype(to: int | str) -> str:

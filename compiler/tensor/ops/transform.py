@@ -10,6 +10,8 @@ import math
 import operator
 from collections.abc import Sequence
 
+import numpy as np
+
 from compiler.base import dtypes
 from compiler.base.errors import InvalidExpr
 from compiler.tensor import te
@@ -300,16 +302,51 @@ def _source_coord(i: Expr, n: int, m: int, scale: float, mode: str, roi: tuple[f
     )
 
 
+def _nearest_coord(i: Expr, n: int, m: int, scale: float, mode: str, roi: tuple[float, float]) -> Expr:
+    """`_source_coord` as onnxruntime computes it for nearest mode: in float32 (half_pixel_symmetric: float32
+    constants, then double rounded to float32), in its operations and order. Nearest rounds these coordinates, and
+    float64 ones (onnx's reference, and `_source_coord`) land a rounding error away from them: 1.0000001 where
+    onnxruntime has 0.99999994 or 1, which floor, ceil and a tie then round to another pixel."""
+    s, n32, m32 = np.float32(scale), np.float32(n), np.float32(m)  # a scale from sizes: float32(m) / float32(n)
+    x = te.cast("float32", i)
+
+    def f32(v) -> te.Const:
+        return te.const(float(np.float32(v)), "float32")
+
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and m > 1):
+        return (x + 0.5) / f32(s) - 0.5
+    if mode == "pytorch_half_pixel":
+        return f32(0)
+    if mode == "asymmetric":
+        return x / f32(s)
+    if mode == "align_corners":
+        return f32(0) if m == 1 else x * f32(n32 - 1) / f32(m32 - 1)
+    if mode == "half_pixel_symmetric":
+        offset = n32 / np.float32(2) * (np.float32(1) - m32 / (s * n32))
+        return te.cast("float32", float(offset) + (te.cast("float64", i) + 0.5) / float(s) - 0.5)
+    if mode == "tf_crop_and_resize":
+        lo, hi = np.float32(roi[0]), np.float32(roi[1])
+        if m == 1:
+            return f32(0.5 * float(lo + hi) * float(n32 - 1))
+        return f32(lo * (n32 - 1)) + x * f32(hi - lo) * f32(n32 - 1) / f32(m32 - 1)
+    return _source_coord(i, n, m, scale, mode, roi)  # the error naming the modes
+
+
+# onnxruntime (1.32, measured; onnx's reference has exact ties only) takes a fraction within this of .5 as a tie,
+# which round_prefer_floor rounds down and round_prefer_ceil up: 6.4999995 goes to 7 under round_prefer_ceil
+TIE = 1e-6
+
+
 def _nearest(x: Expr, n: int, mode: str) -> Expr:
     f = te.floor(x)
-    r = x - f  # exact: the fraction decides the rounding, as in the reference
-    up = {"round_prefer_floor": r > 0.5, "round_prefer_ceil": r >= 0.5, "floor": None, "ceil": r > 0.0}
+    r = x - f  # exact: the fraction decides the rounding; r - 0.5 is exact too
+    up = {"round_prefer_floor": r - 0.5 > TIE, "round_prefer_ceil": r - 0.5 >= -TIE, "floor": None, "ceil": r > 0.0}
     if mode not in up:
         raise InvalidExpr(f"Resize: nearest_mode must be one of {sorted(up)}, got {mode!r}")
     i = te.cast("int64", f)
     if up[mode] is not None:
         i = te.select(up[mode], i + 1, i)
-    return _clamp(i, 0, n - 1)
+    return _clamp(i, 0, n - 1)  # a negative coordinate reads pixel 0 whichever way it rounds
 
 
 def _cubic_weights(t: Expr, a: float) -> list[Expr]:
@@ -342,7 +379,8 @@ def resize(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
         raise InvalidExpr(f"Resize: antialiased {mode} downscaling is not supported")
 
     def src(i: tuple, d: int) -> Expr:
-        return _source_coord(i[d], x.shape[d], sizes[d], scales[d], coord, (roi[d], roi[x.ndim + d]))
+        where = _nearest_coord if mode == "nearest" else _source_coord
+        return where(i[d], x.shape[d], sizes[d], scales[d], coord, (roi[d], roi[x.ndim + d]))
 
     def extrapolated(i: tuple, value: Expr) -> Expr:
         # tf_crop_and_resize: where a coordinate falls outside the input the output is extrapolation_value

@@ -34,11 +34,11 @@ MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a
 MAX_LANES = 64  # a longer vectorized loop is strip-mined into chunks of this many lanes (plus one tail chunk)
 NUM_THREADS_GLOBAL = "tilefarm_num_threads"
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 VOID = ir.VoidType()
-_SCALAR = {"bool": I1, "int8": I8, "uint8": I8, "int32": I32, "int64": I64,
-           "float32": ir.FloatType(), "float64": ir.DoubleType()}
+_SCALAR = {"bool": I1, "int8": I8, "uint8": I8, "uint16": I16, "int32": I32, "uint32": I32, "int64": I64,
+           "uint64": I64, "float32": ir.FloatType(), "float64": ir.DoubleType()}
 _FCMP = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}
 _BOOL_ARITH = {"add": "or", "mul": "and", "sub": "xor", "max": "or", "min": "and"}  # numpy's bool algebra
 _LIBM = ("exp", "log", "tanh", "erf", "pow", "sin", "cos")  # in glibc's vector math library (libmvec) too, since 2.35
@@ -721,6 +721,11 @@ class _FnEmitter:
         if dtypes.is_float(src):
             if dtypes.bits(dst) < 32:  # through i32 so out-of-range values wrap like numpy on x86, not poison
                 return b.trunc(b.fptosi(v, self.retype(v, I32)), ty)
+            if dst == "uint32":  # through i64: values past int32's range are in uint32's
+                return b.trunc(b.fptosi(v, self.retype(v, I64)), ty)
+            if dst == "uint64":  # fptosi below 2^63 (a negative value wraps, as numpy's does), fptoui from there
+                big = b.fcmp_ordered(">=", v, _splat_const(v, 2.0**63))
+                return b.select(big, b.fptoui(v, ty), b.fptosi(v, ty))
             return b.fptosi(v, ty)
         signed = dtypes.is_signed(src)
         if dtypes.is_float(dst):
@@ -797,6 +802,8 @@ class _FnEmitter:
             return self.int_division(op == "mod", a, b, cb, dt)
         if op == "pow":
             return self.int_pow(a, b, dt)
+        if op in ("shl", "shr"):
+            return self.shift(op == "shl", *self.unify(a, b), dt)
         if op == "add" and cb == 0:
             return a
         if op == "mul" and cb == 1:
@@ -840,6 +847,17 @@ class _FnEmitter:
                 r = bld.select(by_minus_one, bld.neg(r), r)
             r = bld.select(by_zero, zero, r)
         return r
+
+    def shift(self, left: bool, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
+        """a << b or a >> b (arithmetic for a signed dt). LLVM's shift by a count outside [0, bits) is poison; here it
+        shifts every bit out, as te defines it: 0, or -1 for a signed negative `a` shifted right. A negative count
+        compares as a huge unsigned one."""
+        bld, bits = self.b, _splat_const(b, dtypes.bits(dt))
+        fits = bld.icmp_unsigned("<", b, bits)
+        if not left and dtypes.is_signed(dt):  # shifting by bits - 1 already fills every bit with the sign
+            return bld.ashr(a, bld.select(fits, b, _splat_const(b, dtypes.bits(dt) - 1)))
+        # select does not pass on the poison of the operand it does not choose
+        return bld.select(fits, bld.shl(a, b) if left else bld.lshr(a, b), _zero(a.type))
 
     def int_pow(self, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
         a64, b64 = self.convert(a, dt, "int64"), self.convert(b, dt, "int64")
