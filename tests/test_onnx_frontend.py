@@ -654,3 +654,16 @@ def test_conv_window_attributes_are_bounded():
                      [("y", F, ["n", "f", "h", "w"])], 13, w)  # fmt: skip
         with pytest.raises(InvalidModel, match=f"Conv node 'c': {message}"):
             load(model)
+
+
+def test_an_axis_out_of_range_and_a_non_finite_weight_are_refused_naming_the_node():
+    cat = make([helper.make_node("Concat", ["x", "x"], ["y"], axis=2**33, name="cat")], [("x", F, [2, 3])],
+               [("y", F, ["a", "b"])], 13)  # fmt: skip
+    with pytest.raises(InvalidModel, match="Concat node 'cat': axis 8589934592 is out of range for a value of rank 2"):
+        load(cat)
+    w = np.ones((2, 1, 1, 1), np.float32)
+    w[1] = np.inf
+    conv = make([helper.make_node("Conv", ["x", "w"], ["y"], name="c")], [("x", F, [1, 1, 2, 2])],
+                [("y", F, [1, 2, 2, 2])], 13, {"w": w})  # fmt: skip
+    with pytest.raises(InvalidModel, match="Conv node 'c': its weight 'w' holds NaN or inf"):
+        load(conv)

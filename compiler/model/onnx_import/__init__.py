@@ -70,6 +70,11 @@ PARAM_INPUTS: dict[str, tuple[int, ...]] = {
     "Resize": (1, 2, 3), "TopK": (1,), "Dropout": (2,), "Range": (0, 1, 2), "ConstantOfShape": (0,),
     "CumSum": (1,), "OneHot": (1, 2), "LSTM": (1, 2, 3, 4, 7), "GRU": (1, 2, 3, 4), "RNN": (1, 2, 3, 4),
 }  # fmt: skip
+# the multiplicative parameters of ops (by input slot), which must be finite when constant (check_types)
+WEIGHTS = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "BatchNormalization": (1, 2, 3, 4),
+    "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2), "GroupNormalization": (1, 2),
+}  # fmt: skip
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
 # bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
 SMALL_CONST = 1024
@@ -717,10 +722,18 @@ class _State:
         """Every node's input dtypes within its op's type constraints, and one dtype per constraint (onnx.checker
         does not look at types; a BatchNormalization of uint8 data or an Add of float and int64 is refused here, as
         onnxruntime refuses it, rather than compiled into something); convs' and pools' window attributes within
-        their bounds (converters.check_window)."""
+        their bounds (converters.check_window); constant weights (WEIGHTS) finite."""
         for node in self.nodes:
             if node.domain not in DEFAULT_DOMAINS or node.op_type in CONTROL_FLOW:
                 continue
+            for i in WEIGHTS.get(node.op_type, ()):
+                w = self.consts.get(node.input[i]) if i < len(node.input) else None
+                if w is not None and w.dtype.kind == "f" and not np.isfinite(w).all():
+                    raise InvalidModel(
+                        f"{node.op_type} node {node.name!r}: its weight {node.input[i]!r} holds NaN or inf; a trained "
+                        "model's are finite, and where products with padding or algebra on them come out NaN or inf "
+                        "depends on the order of the arithmetic"
+                    )
             x = self.types.get(node.input[0]) if node.input else None
             if node.op_type in WINDOWED and x is not None and x.shape is not None:
                 w = self._typed(node.input[1])[1] if node.op_type.startswith("Conv") and len(node.input) > 1 else None
@@ -919,6 +932,8 @@ class _Converter:
             )
             try:
                 nodes.extend(ONNX_OPS[p.op_type](ctx))
+            except InvalidModel as e:  # named by the node, where the converter's check could not
+                raise e if repr(name) in str(e) else InvalidModel(f"{p.op_type} node {name!r}: {e}") from None
             except _CannotConvert as e:
                 errors.setdefault(p.op_type, []).append(name)
                 notes.append(e.note)

@@ -99,7 +99,10 @@ class _Ctx:
 # ---------------------------------------------------------------------------------------------- converter helpers
 
 
-def _axis(a: int, rank: int) -> int:
+def _axis(a: int, rank: int, inclusive: bool = False) -> int:
+    """An axis made non-negative; out of [-rank, rank) (with `inclusive`, as Flatten's, through rank) it is refused."""
+    if not -rank <= a < rank + inclusive:
+        raise InvalidModel(f"axis {a} is out of range for a value of rank {rank}")
     return a + rank if a < 0 else a
 
 
@@ -214,10 +217,6 @@ def Conv(ctx: _Ctx) -> list[Node]:
 def ConvTranspose(ctx: _Ctx) -> list[Node]:
     x, w = ctx.inputs[0], ctx.inputs[1]
     kernel = ctx.attrs.get("kernel_shape", list(w.shape[2:]))
-    if w.const is not None and not np.isfinite(w.const).all():
-        # computed as a conv over the zero-upsampled input, where 0 * inf is NaN: onnxruntime's scatter of the
-        # products keeps the outputs no inf weight reaches finite, this form would not
-        raise InvalidModel(f"ConvTranspose node {ctx.name!r}: its weight {w.name!r} holds NaN or inf")
     n = len(kernel)
     strides = list(ctx.attrs.get("strides", [1] * n))
     dilations = list(ctx.attrs.get("dilations", [1] * n))
@@ -266,7 +265,9 @@ def Clip(ctx: _Ctx) -> list[Node]:
     bounds = ctx.input(1), ctx.input(2)
     if all(b is None or b.const is not None for b in bounds):
         lo, hi = ctx.const(1, "min"), ctx.const(2, "max")
-        attrs = {"min": -math.inf if lo is None else float(lo), "max": math.inf if hi is None else float(hi)}
+        # a NaN bound clips nothing, as onnxruntime's std::max / std::min compare it
+        lo, hi = (None if b is None or np.isnan(b).any() else float(b) for b in (lo, hi))
+        attrs = {"min": -math.inf if lo is None else lo, "max": math.inf if hi is None else hi}
         return [ctx.node("Clip", ctx.inputs[:1], attrs)]
     # a bound computed at run time (openWakeWord's mel spectrogram floors at its maximum less top_db): Max, then Min,
     # which is how ONNX defines Clip (so a min above the max gives the max)
@@ -381,7 +382,7 @@ def Reshape(ctx: _Ctx) -> list[Node]:
 
 def Flatten(ctx: _Ctx) -> list[Node]:
     rank = len(ctx.inputs[0].shape)
-    return [ctx.node("Flatten", ctx.inputs, {"axis": _axis(ctx.attrs.get("axis", 1), rank)})]
+    return [ctx.node("Flatten", ctx.inputs, {"axis": _axis(ctx.attrs.get("axis", 1), rank, inclusive=True)})]
 
 
 def Transpose(ctx: _Ctx) -> list[Node]:
