@@ -180,10 +180,12 @@ def _branch_op(b: _Builder, draw, v: str, out: str) -> tuple[list, list]:
 
 def _if(b: _Builder, draw, v: str) -> str:
     """An If on the data (the sign of a sum of `v`) whose branches read values of the enclosing graph."""
-    cond = b.node("ReduceSum", [v], (), keepdims=0)
     out = b.name("if")
-    positive = f"{out}_positive"  # a bool: not among the values (float) ops and outputs are drawn from
-    b.nodes.append(helper.make_node("Greater", [cond, b.const(np.array(0.0, np.float32))], [positive]))
+    # the condition's sum and bool are not among the values ops and outputs are drawn from: a sum of thousands of
+    # terms that cancel to a small one is compared by its own size, which its rounding (any summation order's) exceeds
+    total, positive = f"{out}_sum", f"{out}_positive"
+    b.nodes.append(helper.make_node("ReduceSum", [v], [total], keepdims=0))
+    b.nodes.append(helper.make_node("Greater", [total, b.const(np.array(0.0, np.float32))], [positive]))
     branches = {}
     for which in ("then", "else"):
         nodes, inits = _branch_op(b, draw, v, f"{out}_{which}")
