@@ -1,25 +1,21 @@
 """Whole-graph differential testing: random multi-op ONNX graphs (tests/graph_fuzz.py) compiled into artifacts and
 run against onnxruntime, output by output, within 1e-4 of each output's scale.
 
-CI runs FUZZ_EXAMPLES cases; `TILEFARM_FUZZ_EXAMPLES=20000 pytest tests/test_graph_fuzz.py` runs more by hand."""
+CI runs 120 cases, the same ones every run (tests/fuzzing.py);
+`TILEFARM_FUZZ_EXAMPLES=20000 pytest tests/test_graph_fuzz.py` runs more by hand."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import onnx
 import onnx.printer
 import onnxruntime as ort
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from compiler.artifact.build import compile_model
 from compiler.artifact.runtime import Artifact
+from tests.fuzzing import fuzz_settings
 from tests.graph_fuzz import graphs
-
-FUZZ_EXAMPLES = int(os.environ.get("TILEFARM_FUZZ_EXAMPLES", "120"))
-# CI draws the same cases every run; a run by hand (TILEFARM_FUZZ_EXAMPLES set) draws new ones
-DERANDOMIZE = "TILEFARM_FUZZ_EXAMPLES" not in os.environ
 
 
 def _reference(model, feeds) -> list[np.ndarray]:
@@ -28,13 +24,7 @@ def _reference(model, feeds) -> list[np.ndarray]:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-    derandomize=DERANDOMIZE,
-)
+@fuzz_settings(120)
 @given(graphs())
 def test_random_graphs_match_onnxruntime(tmp_path_factory, case):
     model, feeds = case

@@ -3,11 +3,10 @@ must end in a TilefarmError (one clear message) or in an artifact that matches o
 the model (non-finite where it is; a NaN or inf weight may come out as the other) or that onnx's full check accepts
 where onnxruntime refuses it; never another exception, a hang, or memory the model's numbers drive.
 
-CI runs FUZZ_EXAMPLES mutants, the same ones every run; `TILEFARM_FUZZ_EXAMPLES=20000` runs more by hand."""
+CI runs 150 mutants, the same ones every run (tests/fuzzing.py); `TILEFARM_FUZZ_EXAMPLES=20000` runs more by hand."""
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 from contextlib import contextmanager
@@ -15,15 +14,14 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnxruntime as ort
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 
 from compiler.artifact.build import compile_model
 from compiler.artifact.runtime import Artifact
 from compiler.base.errors import TilefarmError
+from tests.fuzzing import fuzz_settings
 from tests.model_mutants import mutants
 
-FUZZ_EXAMPLES = int(os.environ.get("TILEFARM_FUZZ_EXAMPLES", "150"))
-DERANDOMIZE = "TILEFARM_FUZZ_EXAMPLES" not in os.environ
 HANG_SECONDS = 120
 MAX_GROWTH_BYTES = 1 << 30  # how much one case may raise the process's peak memory
 
@@ -76,13 +74,7 @@ def _as_compiled(data: bytes, inputs: list[dict]) -> bytes:
     return model.SerializeToString()
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-    derandomize=DERANDOMIZE,
-)
+@fuzz_settings(150)
 @given(mutants())
 def test_mutated_models_are_refused_clearly_or_compile_right(tmp_path_factory, case):
     data, what, _ = case

@@ -6,22 +6,17 @@ CI draws TILEFARM_FUZZ_EXAMPLES // 4 per op; set it higher to run more by hand."
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx.printer
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import assume, event, given
 
 from compiler.artifact.build import compile_model
 from compiler.artifact.runtime import Artifact
 from compiler.base.errors import TilefarmError
+from tests.fuzzing import fuzz_settings
 from tests.op_fuzz import OP_STRATEGIES
-
-EXAMPLES = max(1, int(os.environ.get("TILEFARM_FUZZ_EXAMPLES", "120")) // 4)
-# CI draws the same cases every run; a run by hand (TILEFARM_FUZZ_EXAMPLES set) draws new ones
-DERANDOMIZE = "TILEFARM_FUZZ_EXAMPLES" not in os.environ
 
 
 def _onnxruntime(model, x):
@@ -34,13 +29,7 @@ def _onnxruntime(model, x):
 
 @pytest.mark.parametrize("op", sorted(OP_STRATEGIES))
 def test_op_attributes_match_onnxruntime(op, tmp_path_factory):
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-        derandomize=DERANDOMIZE,
-    )
+    @fuzz_settings(30, share=4)
     @given(OP_STRATEGIES[op])
     def check(case):
         model, rng = case
