@@ -23,6 +23,7 @@ get readable, unique names. The per-op converters of step 5 live in `converters.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -81,8 +82,10 @@ SMALL_CONST = 1024
 # the most bytes one value of a model may take (an input, anything computed), and one made by folding at compile time:
 # past them a model's numbers (a ConstantOfShape of [2**28, 4], an input of 2**31 elements) would make the compiler or
 # the artifact allocate without bound, so the model is refused naming the value instead
-MAX_VALUE_BYTES = 2**32
-MAX_FOLD_BYTES = 2**30  # VGG-16 light (the onnx model zoo's, weights made by ConstantOfShape) folds a 392 MiB weight
+# (TILEFARM_MAX_VALUE_BYTES, TILEFARM_MAX_FOLD_BYTES set them; VGG-16 light, the onnx model zoo's with weights made by
+# ConstantOfShape, folds a 392 MiB weight)
+MAX_VALUE_BYTES = int(os.environ.get("TILEFARM_MAX_VALUE_BYTES", 2**32))
+MAX_FOLD_BYTES = int(os.environ.get("TILEFARM_MAX_FOLD_BYTES", 2**30))
 
 
 # ---------------------------------------------------------------------------------------------- public API
