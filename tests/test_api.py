@@ -620,3 +620,13 @@ def test_bootstrap_token_is_registered_once(client, settings):
     with TestClient(create_app(settings)) as again:  # a second start on the same database
         assert again.get(f"{API}/me", headers=bearer(TOKEN)).json()["team"] == "default"
     assert [t["name"] for t in client.get(f"{API}/tokens").json()] == ["bootstrap"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/models/9223372036854775808", "/api/v1/jobs/99999999999999999999", "/api/v1/artifacts/0",
+     "/api/v1/records/-1/schedule", "/api/v1/jobs/1/records?offset=9223372036854775808"],
+)  # fmt: skip
+def test_ids_and_offsets_past_int64_are_refused_at_the_edge(client, path):
+    r = client.get(path)
+    assert r.status_code == 422, (path, r.status_code, r.text)

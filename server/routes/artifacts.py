@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from server import jobs, storage
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.models import UploadedModel
+from server.params import Id
 from server.schemas import ERROR_RESPONSES, ArtifactOut, CompileRequest, Conflict, Gone, error_responses
 
 router = APIRouter(tags=["artifacts"], responses=ERROR_RESPONSES)
@@ -18,7 +19,7 @@ router = APIRouter(tags=["artifacts"], responses=ERROR_RESPONSES)
 
 @router.post("/models/{model_id}/compile", status_code=status.HTTP_202_ACCEPTED, responses=error_responses(404, 503))
 def compile_model(
-    model_id: int, who: CurrentTeam, settings: SettingsDep, body: CompileRequest | None = None
+    model_id: Id, who: CurrentTeam, settings: SettingsDep, body: CompileRequest | None = None
 ) -> ArtifactOut:
     """Queue a build of the model with the best schedules the records hold for the host class."""
     return jobs.request_compile(settings, who.team_id, model_id, body or CompileRequest())
@@ -30,7 +31,7 @@ def list_artifacts(who: CurrentTeam, session: SessionDep) -> list[ArtifactOut]:
 
 
 @router.get("/artifacts/{artifact_id}", responses=error_responses(404))
-def get_artifact(artifact_id: int, who: CurrentTeam, session: SessionDep) -> ArtifactOut:
+def get_artifact(artifact_id: Id, who: CurrentTeam, session: SessionDep) -> ArtifactOut:
     return jobs.artifact_view(session, jobs.get_artifact(session, who.team_id, artifact_id))
 
 
@@ -44,7 +45,7 @@ def get_artifact(artifact_id: int, who: CurrentTeam, session: SessionDep) -> Art
     },
 )
 def download_artifact(
-    artifact_id: int,
+    artifact_id: Id,
     who: CurrentTeam,
     session: SessionDep,
     settings: SettingsDep,

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server import job_detail, jobs
 from server.auth import CurrentTeam, CurrentTeamOrQuery, SessionDep, SettingsDep
+from server.params import INT64_MAX, Id, Offset
 from server.schemas import (
     ERROR_RESPONSES,
     JobBatches,
@@ -52,38 +53,36 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", responses=error_responses(404))
-def get_job(job_id: int, who: CurrentTeam, session: SessionDep) -> JobOut:
+def get_job(job_id: Id, who: CurrentTeam, session: SessionDep) -> JobOut:
     return jobs.job_view(session, jobs.get_job(session, who.team_id, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", responses=error_responses(404, 409))
-def cancel_job(job_id: int, who: CurrentTeam, settings: SettingsDep) -> JobOut:
+def cancel_job(job_id: Id, who: CurrentTeam, settings: SettingsDep) -> JobOut:
     """A queued job is cancelled at once; a running one stops at the end of its current round."""
     return jobs.cancel_job(settings, who.team_id, job_id)
 
 
 @router.post("/jobs/{job_id}/resume", responses=error_responses(404, 409, 503))
-def resume_job(job_id: int, who: CurrentTeam, settings: SettingsDep) -> JobOut:
+def resume_job(job_id: Id, who: CurrentTeam, settings: SettingsDep) -> JobOut:
     """Queue a failed or cancelled job again; it goes on from the records it has measured."""
     return jobs.resume_job(settings, who.team_id, job_id)
 
 
 @router.get("/jobs/{job_id}/progress", responses=error_responses(404))
-def job_progress(
-    job_id: int, who: CurrentTeam, settings: SettingsDep, after: Annotated[int, Query(ge=0)] = 0
-) -> Progress:
+def job_progress(job_id: Id, who: CurrentTeam, settings: SettingsDep, after: Offset = 0) -> Progress:
     """The job and its convergence points with an id above `after`."""
     return jobs.progress(settings, who.team_id, job_id, after)
 
 
 @router.get("/jobs/{job_id}/records", responses=error_responses(404))
 def job_records(
-    job_id: int,
+    job_id: Id,
     who: CurrentTeam,
     session: SessionDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    task: Annotated[int | None, Query(ge=0, description="task position in the job's model")] = None,
+    task: Annotated[int | None, Query(ge=0, le=INT64_MAX, description="task position in the job's model")] = None,
     error: Annotated[RecordFilter | None, Query(description="an error group, ok (no error) or failed (any)")] = None,
     order: Annotated[RecordOrder, Query(description="id, -id (newest first) or latency (fastest first)")] = "id",
 ) -> JobRecordPage:
@@ -95,7 +94,7 @@ def job_records(
 
 @router.get("/jobs/{job_id}/errors", responses=error_responses(404))
 def job_errors(
-    job_id: int, who: CurrentTeam, session: SessionDep, latest: Annotated[int, Query(ge=0, le=500)] = 20
+    job_id: Id, who: CurrentTeam, session: SessionDep, latest: Annotated[int, Query(ge=0, le=500)] = 20
 ) -> JobErrors:
     """The job's failed measurements per error group (build, run, timeout, wrong_answer), and the latest ones."""
     return job_detail.job_errors(session, who.team_id, job_id, latest)
@@ -103,7 +102,7 @@ def job_errors(
 
 @router.get("/jobs/{job_id}/batches", responses=error_responses(404))
 def job_batches(
-    job_id: int, who: CurrentTeam, session: SessionDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 2000
+    job_id: Id, who: CurrentTeam, session: SessionDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 2000
 ) -> JobBatches:
     """The timeline of the job's measurement batches (the latest `limit`, by sent_at): worker, state, times."""
     return job_detail.job_batches(session, who.team_id, job_id, limit)
@@ -148,10 +147,10 @@ async def _events(settings: Settings, team_id: int, job_id: int, current: Progre
     },
 )
 async def job_events(
-    job_id: int,
+    job_id: Id,
     who: CurrentTeamOrQuery,
     settings: SettingsDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Offset = 0,
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> StreamingResponse:
     """Server-sent events: `progress` (the /progress JSON with the new points) on every change, then `end`. The

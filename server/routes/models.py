@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server import archive, catalog, storage, workloads
 from server.auth import CurrentTeam, SessionDep, SettingsDep
+from server.params import Id
 from server.schemas import ERROR_RESPONSES, CoverageMatrix, ModelOut, UploadedModelOut, error_responses
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
@@ -81,7 +82,7 @@ def list_models(who: CurrentTeam, session: SessionDep) -> list[ModelOut]:
 
 @router.get("/models/{model_id}", responses=error_responses(404))
 def get_model(
-    model_id: int,
+    model_id: Id,
     who: CurrentTeam,
     session: SessionDep,
     settings: SettingsDep,

@@ -17,6 +17,7 @@ from server import storage, workloads
 from server.auth import SessionDep, SettingsDep, current_team
 from server.catalog import records_db
 from server.models import Host, Record, TargetRow, Workload
+from server.params import Id, Offset
 from server.schemas import (
     ERROR_RESPONSES,
     ImportResult,
@@ -57,7 +58,7 @@ def list_records(
     workload: Annotated[str | None, Query(description="workload key")] = None,
     host: Annotated[str | None, Query(description="host fingerprint")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> RecordPage:
     """Records in commit order, filtered by workload and host."""
     where = []
@@ -110,7 +111,7 @@ def list_records(
 @router.get("/records/workloads")
 def browse_workloads(
     session: SessionDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     q: Annotated[str | None, Query(max_length=200, description="a substring of the op tag or workload key")] = None,
     order: Annotated[WorkloadOrder, Query(description="records, -records (most first), flops or -flops")] = "-records",
@@ -120,7 +121,7 @@ def browse_workloads(
 
 
 @router.get("/records/{record_id}/schedule", responses=error_responses(404))
-def record_schedule(record_id: int, session: SessionDep) -> ScheduleOut:
+def record_schedule(record_id: Id, session: SessionDep) -> ScheduleOut:
     """The record's schedule: its steps replayed on the workload's DAG, lowered and printed as a loop nest (422 when
     the steps do not replay)."""
     return workloads.record_schedule(session, record_id)

@@ -8,6 +8,7 @@ from server import accounts
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.db import session_scope
 from server.models import Team
+from server.params import Id
 from server.schemas import ERROR_RESPONSES, Me, NewToken, NotFound, TokenCreate, TokenOut, TokenRef, error_responses
 
 router = APIRouter(tags=["tokens"], responses=ERROR_RESPONSES)
@@ -32,7 +33,7 @@ def create_token(body: TokenCreate, who: CurrentTeam, settings: SettingsDep) -> 
 
 
 @router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404))
-def revoke_token(token_id: int, who: CurrentTeam, settings: SettingsDep) -> Response:
+def revoke_token(token_id: Id, who: CurrentTeam, settings: SettingsDep) -> Response:
     with session_scope(settings) as session:
         if accounts.revoke_token(session, session.get_one(Team, who.team_id), token_id) is None:
             raise NotFound(f"no token {token_id}")
