@@ -126,6 +126,8 @@ def parse_shapes(text: str | None) -> dict[str, list[int]] | None:
         value = json.loads(text)
     except json.JSONDecodeError:
         return parse_input_shapes(text)
+    except RecursionError:  # nested past Python's stack
+        raise Invalid("input_shapes: nested too deeply") from None
 
     def dims(v: object) -> bool:
         return isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)

@@ -18,6 +18,17 @@ def as_utc(value: datetime) -> datetime:
 
 Timestamp = Annotated[datetime, AfterValidator(as_utc)]
 
+
+def printable(text: str) -> str:
+    """Text a client sends: no NUL or other control characters (PostgreSQL's text refuses NUL: a 500 where it
+    reached the database)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError("must not hold control characters (NUL included)")
+    return text
+
+
+Text = Annotated[str, AfterValidator(printable)]
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -98,7 +109,7 @@ class Me(BaseModel):
 
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64)
+    name: Text = Field(min_length=1, max_length=64)
 
 
 class TokenOut(TokenRef):
@@ -154,8 +165,8 @@ class UploadedModelOut(ModelOut):
 
 class CompileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    target: str = "llvm"
-    host: str | None = Field(default=None, max_length=64)
+    target: Text = Field(default="llvm", max_length=255)
+    host: Text | None = Field(default=None, max_length=64)
 
 
 # ---------------------------------------------------------------------------------------------- jobs
@@ -167,8 +178,8 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model_id: int
-    target: str = "llvm"
-    host: str | None = Field(default=None, max_length=64, description="host fingerprint; default: the workers' one")
+    target: Text = Field(default="llvm", max_length=255)
+    host: Text | None = Field(default=None, max_length=64, description="host fingerprint; default: the workers' one")
     trials: int = Field(gt=0, le=1_000_000)
     time_budget_s: float | None = Field(default=None, gt=0)
     per_round: int = Field(default=64, gt=0, le=4096)

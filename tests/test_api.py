@@ -630,3 +630,15 @@ def test_bootstrap_token_is_registered_once(client, settings):
 def test_ids_and_offsets_past_int64_are_refused_at_the_edge(client, path):
     r = client.get(path)
     assert r.status_code == 422, (path, r.status_code, r.text)
+
+
+def test_text_with_nul_a_long_name_and_deep_json_are_refused_at_the_edge(client, tiny_cnn):
+    assert upload(client, tiny_cnn, name="a\x00b").status_code == 422
+    assert upload(client, tiny_cnn, name="n" * 255).status_code == 422
+    assert upload(client, tiny_cnn, input_shapes="[" * 100_000 + "]" * 100_000).status_code == 422
+    assert client.post(f"{API}/tokens", json={"name": "x\x00"}).status_code == 422
+    r = upload(client, tiny_cnn, name="n" * 128)  # the longest name: its artifact's file names are made short
+    assert r.status_code == 201, r.text
+    deep = '{"workload_key": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    r = client.post(f"{API}/records/import", content=deep)
+    assert r.status_code == 422 and "RecursionError" in r.text

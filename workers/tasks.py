@@ -199,7 +199,7 @@ def compile_artifact(artifact_id: int) -> str:
 
 def _c_name(model_name: str) -> str:
     """The artifact's library and header name: a C identifier made from the model's name."""
-    name = re.sub(r"\W", "_", Path(model_name).stem.lower()).strip("_") or "model"
+    name = re.sub(r"\W", "_", Path(model_name).stem.lower()).strip("_")[:64] or "model"  # a file name's length
     return f"m_{name}" if name[0].isdigit() else name
 
 

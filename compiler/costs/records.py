@@ -96,8 +96,8 @@ class TuningRecord:
                 d.get("trace"),
                 d.get("cache", WARM),  # files written before records carried it were timed warm
             )
-        except (ValueError, KeyError, TypeError) as e:
-            raise RecordError(f"not a tuning record: {e}: {line[:120]!r}") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+            raise RecordError(f"not a tuning record: {type(e).__name__}: {e}: {line[:120]!r}") from None
 
 
 def _tuple(v):

@@ -10,7 +10,17 @@ from starlette.concurrency import run_in_threadpool
 from server import archive, catalog, storage, workloads
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.params import Id
-from server.schemas import ERROR_RESPONSES, CoverageMatrix, ModelOut, UploadedModelOut, error_responses
+from server.schemas import (
+    ERROR_RESPONSES,
+    CoverageMatrix,
+    Invalid,
+    ModelOut,
+    UploadedModelOut,
+    error_responses,
+    printable,
+)
+
+MAX_NAME = 128
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 
@@ -64,6 +74,12 @@ async def upload_model(
     try:
         shapes = catalog.parse_shapes(upload.fields.get("input_shapes"))
         name = upload.fields.get("name", "").strip() or archive.stem(upload.filename or "") or "model"
+        try:  # a name is shown and stored, never a file name on disk (those are made from ids and hashes)
+            printable(name)
+        except ValueError as e:
+            raise Invalid(f"name: {e}") from None
+        if len(name) > MAX_NAME:
+            raise Invalid(f"name: at most {MAX_NAME} characters, got {len(name)}")
         model, duplicate = await run_in_threadpool(
             catalog.register_model, settings, who.team_id, upload.file, name, shapes
         )
