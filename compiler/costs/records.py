@@ -96,7 +96,7 @@ class TuningRecord:
                 d.get("trace"),
                 d.get("cache", WARM),  # files written before records carried it were timed warm
             )
-        except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested past Python's stack
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deep
             raise RecordError(f"not a tuning record: {type(e).__name__}: {e}: {line[:120]!r}") from None
 
 
