@@ -193,3 +193,25 @@ def test_compile_without_a_pass_says_so_in_its_artifact(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse lists the passes that can be turned off
         main(["compile", str(model), "-o", str(art), "--disable-pass", "fold_batchnorm"])
     assert "invalid choice: 'fold_batchnorm'" in capsys.readouterr().err
+
+
+def test_a_script_that_tunes_without_a_main_guard_gets_one_message(tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+
+    from tests.test_runtime import small_cnn
+
+    onnx.save(small_cnn(), tmp_path / "m.onnx")
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "import sys\nfrom tilefarm.cli import main\n"
+        f"sys.exit(main(['tune', {str(tmp_path / 'm.onnx')!r}, '--input-shapes', 'x:[1,3,8,8]', '--trials', '4', "
+        f"'--per-round', '4', '--records', {str(tmp_path / 'r.jsonl')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count('call it under `if __name__ == "__main__":`') == 1, done.stderr[-2000:]
+    assert "every one of the 4 measurements failed" in done.stderr

@@ -360,6 +360,10 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     if args.model_file and hasattr(model, "save"):
         model.save(args.model_file)
         print(f"cost model saved to {args.model_file}")
+    if st.trials and sum(st.errors.values()) >= st.trials:
+        print(f"error: every one of the {st.trials} measurements failed ({errors}): see the messages above",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -395,7 +399,9 @@ def _print_feature_edits() -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.search.task_scheduler import weights_timed_cold
+    from compiler.search.task_scheduler import refuse_unguarded_main, weights_timed_cold
+
+    refuse_unguarded_main()  # before the model's summary, which a worker importing the script would print again
     from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, kernel_calls, tuning_plan, weights_arrive_cold
 
     plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)

@@ -10,8 +10,13 @@ lowers f only by what it is expected to undercut it.
 
 from __future__ import annotations
 
+import atexit
 import math
+import multiprocessing
+import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -130,6 +135,33 @@ class TuneOptions:
     retime_best: int = 3
 
 
+def refuse_unguarded_main() -> None:
+    """In a worker process that is importing the user's script (multiprocessing's forkserver re-runs the main module in
+    every process it starts) tuning must not start again: a script that calls the tuner without an
+    `if __name__ == "__main__":` guard would otherwise print pages of bootstrap errors from each worker. Such a worker
+    says so in one line and ends; the tuner then finds every measurement failed and says that."""
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        atexit.register(_unguarded_flag(os.getpid()).unlink, missing_ok=True)
+        return
+    parent = multiprocessing.parent_process()
+    flag = _unguarded_flag(parent.pid if parent else os.getppid())
+    try:  # the first of the workers says it; the others end quietly
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        print(
+            "error: tilefarm's tuner was started again while a worker process imported your script: call it under "
+            '`if __name__ == "__main__":` (worker processes import the main module)',
+            file=sys.stderr,
+            flush=True,
+        )
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def _unguarded_flag(tuner: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"tilefarm-unguarded-{tuner}"
+
+
 class TaskScheduler:
     def __init__(
         self,
@@ -146,6 +178,7 @@ class TaskScheduler:
     ):
         """`tasks`: a model's tasks (plan_tasks), and the tasks of its convs' other forms (form_choices, weight 0);
         `choices`: those convs, each counted in the objective as the faster of its forms."""
+        refuse_unguarded_main()
         self.options = options or TuneOptions()
         self.target = target or host_target()
         backend = backend_for(self.target)
