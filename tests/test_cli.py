@@ -215,3 +215,34 @@ def test_a_script_that_tunes_without_a_main_guard_gets_one_message(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.count('call it under `if __name__ == "__main__":`') == 1, done.stderr[-2000:]
     assert "every one of the 4 measurements failed" in done.stderr
+
+
+def test_ctrl_c_during_tune_stops_it_in_one_line_keeping_the_records(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: the workers print nothing, the tuner one
+    line, exit 130, and the records of the rounds measured stay."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import onnx
+
+    from tests.test_runtime import small_cnn
+
+    onnx.save(small_cnn(), tmp_path / "m.onnx")
+    records = tmp_path / "r.jsonl"
+    argv = [sys.executable, "-m", "tilefarm.cli", "tune", str(tmp_path / "m.onnx"), "--input-shapes", "x:[1,3,8,8]",
+            "--trials", "5000", "--per-round", "8", "--records", str(records)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:  # the first round's records are written
+            if line.startswith("round 2:"):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "interrupted: tilefarm tune stopped" in err, err[-2000:]
+    assert records.read_text().count("\n") >= 8

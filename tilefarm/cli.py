@@ -670,6 +670,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was stored stays (records are written as each batch is measured)
+        if args.debug or os.environ.get("TILEFARM_DEBUG") == "1":
+            raise
+        print(f"\ninterrupted: tilefarm {args.command} stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import re
 import select
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -514,6 +515,8 @@ def _exit_with(tuner: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="tilefarm-tuner-watch").start()
+    # a Ctrl-C reaches the whole process group: the tuner stops (and these with it), a worker prints no traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _drop_pool() -> None:
