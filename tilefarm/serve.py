@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tilefarm.remote import Client, RemoteError, job_table, token_file
@@ -97,11 +97,15 @@ def start_workers(
     n: int, environ: Mapping[str, str], prefix: str = "serve-", log_dir: Path | None = None, args: Sequence[str] = ()
 ) -> list[subprocess.Popen]:
     """The worker_specs processes, each `python -m workers.worker` (the same code as a farm's workers)."""
-    procs = []
-    for name, role in worker_specs(n, prefix):
-        log = log_dir / f"{name.split('@')[0]}.log" if log_dir else None
-        procs.append(_spawn([sys.executable, "-m", "workers.worker", "--name", name, *role, *args], environ, log))
-    return procs
+    return [start_worker(spec, environ, log_dir, args) for spec in worker_specs(n, prefix)]
+
+
+def start_worker(
+    spec: tuple[str, list[str]], environ: Mapping[str, str], log_dir: Path | None = None, args: Sequence[str] = ()
+) -> subprocess.Popen:
+    name, role = spec
+    log = log_dir / f"{name.split('@')[0]}.log" if log_dir else None
+    return _spawn([sys.executable, "-m", "workers.worker", "--name", name, *role, *args], environ, log)
 
 
 def start_api(host: str, port: int, environ: Mapping[str, str], log_dir: Path | None = None) -> subprocess.Popen:
@@ -233,14 +237,39 @@ class EmbeddedService:
 # --------------------------------------------------------------------------------------------------- serve
 
 
-def _watch(procs: list[subprocess.Popen], stopping: threading.Event) -> None:
-    """Say so when a worker dies under a running server (its log is above in the terminal)."""
-    reported: set[int] = set()
-    while not stopping.wait(1.0):
-        for p in procs:
-            if p.pid not in reported and p.poll() is not None:
-                reported.add(p.pid)
-                print(f"tilefarm serve: worker process {p.pid} exited with code {p.returncode}", file=sys.stderr)
+RESTART_DELAYS_S = (1.0, 60.0)  # a dead worker's first restart, and the longest wait as restarts repeat
+STEADY_S = 60.0  # a worker up this long restarts after the shortest delay again
+
+
+def supervise(
+    procs: list[subprocess.Popen],
+    names: Sequence[str],
+    respawn: Callable[[int], subprocess.Popen],
+    stopping: threading.Event,
+    delays: tuple[float, float] = RESTART_DELAYS_S,
+) -> None:
+    """Restart a worker that dies under a running server (procs[i] = respawn(i)), after a delay that doubles while it
+    keeps dying (up to delays[1]; back to delays[0] once it has run STEADY_S), and say so each time: a killed or
+    crashed worker does not leave the farm short, and a worker that cannot start does not spin."""
+    delay = [delays[0]] * len(procs)
+    since = [time.monotonic()] * len(procs)
+    due: dict[int, float] = {}
+    while not stopping.wait(0.2):
+        now = time.monotonic()
+        for i, p in enumerate(procs):
+            if p.poll() is None:
+                if now - since[i] >= STEADY_S:
+                    delay[i] = delays[0]
+                continue
+            if i not in due:
+                print(f"tilefarm serve: worker {names[i]} (pid {p.pid}) exited with code {p.returncode}; "
+                      f"restarting it in {delay[i]:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+                due[i] = now + delay[i]
+            elif now >= due[i]:
+                del due[i]
+                procs[i], since[i] = respawn(i), now
+                delay[i] = min(delay[i] * 2, delays[1])
+                print(f"tilefarm serve: worker {names[i]} restarted (pid {procs[i].pid})", file=sys.stderr, flush=True)
 
 
 def _sigterm(signum, frame) -> None:
@@ -268,6 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"team 'default' token: in {token_file()}", flush=True)
     workers: list[subprocess.Popen] = []
     stopping = threading.Event()
+    supervisor: threading.Thread | None = None
     try:
         if not args.no_workers and args.workers > 0:
             prefix = f"serve{args.port}-"
@@ -275,13 +305,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             specs = worker_specs(args.workers, prefix)
             started = ", ".join(f"{n} (pid {p.pid})" for (n, _), p in zip(specs, workers))
             print(f"started workers: {started}", flush=True)
-            threading.Thread(target=_watch, args=(workers, stopping), daemon=True).start()
+            names = [n for n, _ in specs]
+
+            def respawn(i: int) -> subprocess.Popen:
+                return start_worker(specs[i], os.environ)
+
+            supervisor = threading.Thread(target=supervise, args=(workers, names, respawn, stopping), daemon=True)
+            supervisor.start()
         print(f"API on http://{args.host}:{args.port}/api/v1 (OpenAPI: /openapi.json); Ctrl-C stops", flush=True)
         uvicorn.run("server.app:create_app", factory=True, host=args.host, port=args.port, log_level=args.log_level)
     except KeyboardInterrupt:
         pass
     finally:
         stopping.set()
+        if supervisor is not None:
+            supervisor.join()  # no restart after this: every worker it started is in `workers`
         if workers:
             print("stopping the workers", flush=True)
             stop(workers, grace_s=settings.worker_grace_s)
