@@ -642,3 +642,16 @@ def test_text_with_nul_a_long_name_and_deep_json_are_refused_at_the_edge(client,
     deep = '{"workload_key": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
     r = client.post(f"{API}/records/import", content=deep)
     assert r.status_code == 422 and "RecursionError" in r.text
+
+
+def test_health_reports_a_broker_that_does_not_answer(settings, monkeypatch):
+    """A farm's Redis broker is checked as the database is: down, /health is 503 naming it (port 1: nothing listens);
+    the real one on 127.0.0.1:6379 answers."""
+    for url, status, body in [
+        ("redis://127.0.0.1:1/0", 503, "broker_unavailable"),
+        ("redis://127.0.0.1:6379/0", 200, "redis"),
+    ]:
+        monkeypatch.setenv("TILEFARM_BROKER_URL", url)
+        with TestClient(create_app()) as c:
+            r = c.get(f"{API}/health")
+        assert r.status_code == status and body in r.text, r.text

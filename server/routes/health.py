@@ -1,7 +1,9 @@
-"""GET /health: is the service up, and what it runs on (no token needed)."""
+"""GET /health: is the service up, and what it runs on (no token needed): 503 naming the database or the farm's broker
+when either does not answer."""
 
 from __future__ import annotations
 
+import redis
 from fastapi import APIRouter
 from sqlalchemy import text
 
@@ -21,6 +23,12 @@ def health(settings: SettingsDep) -> Health:
             conn.execute(text("SELECT 1"))
     except Exception as e:
         raise Unavailable(f"the database does not answer: {type(e).__name__}", code="database_unavailable") from None
+    if not settings.embedded:  # the farm's broker: jobs queue there, so a service without it cannot tune
+        try:
+            with redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2) as broker:
+                broker.ping()
+        except (redis.RedisError, OSError, ValueError) as e:
+            raise Unavailable(f"the broker does not answer: {type(e).__name__}", code="broker_unavailable") from None
     return Health(
         status="ok",
         version=VERSION,
