@@ -102,8 +102,9 @@ def _plan_if(layout: Layout, s: Control, base: int) -> int:
     ends = [base]
     for graph, block in zip(s.graphs, s.blocks):
         _bind(layout, graph.inputs, s.node.inputs[1:])
-        _bind(layout, [v for v in graph.outputs if v.const is None], [o for v, o in
-              zip(graph.outputs, s.node.outputs) if v.const is None])  # fmt: skip
+        for v, out in zip(graph.outputs, s.node.outputs):  # a branch writes straight into the If's outputs
+            if v.const is None:
+                layout.loc.setdefault(id(v), layout.loc[id(out)])
         ends.append(_plan_block(layout, block, base))
     return max(ends)
 

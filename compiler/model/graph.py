@@ -179,15 +179,16 @@ class Graph:
 CONTROL_FLOW = ("If", "Loop")  # the ops that run subgraphs (`subgraphs`)
 
 
+def node_subgraphs(n: Node) -> list[Graph]:
+    """The graphs a control-flow node runs: an If's two branches, a Loop's body; none for other nodes."""
+    if n.op == "If":
+        return list(n.attrs["branches"])
+    return [n.attrs["body"]] if n.op == "Loop" else []
+
+
 def subgraphs(g: Graph) -> list[Graph]:
-    """The graphs g's control-flow nodes run: each If's two branches and each Loop's body, in node order."""
-    out = []
-    for n in g.nodes:
-        if n.op == "If":
-            out.extend(n.attrs["branches"])
-        elif n.op == "Loop":
-            out.append(n.attrs["body"])
-    return out
+    """The graphs g's control-flow nodes run, in node order."""
+    return [sub for n in g.nodes for sub in node_subgraphs(n)]
 
 
 def toposort(nodes: Iterable[Node]) -> list[Node]:

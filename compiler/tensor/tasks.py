@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from compiler.base.errors import TilefarmError, UnsupportedOp
 from compiler.base.target import DEFAULT_L3_BYTES
 from compiler.model.fusion import Group, fuse
-from compiler.model.graph import CONTROL_FLOW, Graph, Node, Value, subgraphs
+from compiler.model.graph import CONTROL_FLOW, Graph, Node, Value, node_subgraphs, subgraphs
 from compiler.model.optimize import form_alternatives, optimize
 from compiler.tensor import ops, te
 from compiler.tensor.dag import ComputeDAG, topological_tensors
@@ -54,7 +54,7 @@ class Control:
 
     @property
     def graphs(self) -> list[Graph]:
-        return subgraphs(Graph([], [], [self.node]))
+        return node_subgraphs(self.node)
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -42,8 +42,7 @@ ImportGraph = Callable[[onnx.GraphProto, list[Formal], list[str], str], Graph]
 class Imported:
     """One control-flow node's subgraphs, converted, and the types of its outputs."""
 
-    graphs: tuple[Graph, ...]  # If: then, else; Loop, Scan: the body
-    free: list[str]  # the enclosing graph's run-time values the subgraphs read: their trailing inputs
+    graphs: tuple[Graph, ...]  # If: then, else; Loop, Scan: the body (the run-time free values are trailing inputs)
     types: dict[str, tuple[int, tuple[int, ...]]]  # output name -> (onnx element type, shape)
     trips: int | None = None  # Loop: M when constant; Scan: the scanned length
     bounded: set[str] = field(default_factory=set)  # outputs whose leading dim is only a bound on the length run
@@ -131,7 +130,7 @@ def _import_if(node: onnx.NodeProto, import_graph: ImportGraph) -> Imported:
                 "else_branch, so its shape depends on the data; tilefarm compiles an If whose branches agree"
             )
         types[name] = (_elem(a), a.shape)
-    return Imported((then, other), free, types)
+    return Imported((then, other), types)
 
 
 def _trap(like: Graph, reason: str) -> Graph:
@@ -190,7 +189,7 @@ def _import_loop(node, type_of, consts, import_graph) -> Imported:
         types[name] = (_elem(piece), (trips, *piece.shape))
         if not runs_all:
             bounded.add(name)
-    return Imported((body,), free_names(body_proto), types, trips, bounded)
+    return Imported((body,), types, trips, bounded)
 
 
 def _import_scan(node, type_of, import_graph) -> Imported:
@@ -215,7 +214,7 @@ def _import_scan(node, type_of, import_graph) -> Imported:
     for name, piece, axis in zip(node.output[n_states:], body.outputs[n_states:], out_axes):
         axis = axis % (len(piece.shape) + 1)
         types[name] = (_elem(piece), piece.shape[:axis] + (length,) + piece.shape[axis:])
-    return Imported((body,), free_names(body_proto), types, length)
+    return Imported((body,), types, length)
 
 
 # ---------------------------------------------------------------------------------------------- converters
