@@ -20,6 +20,7 @@ from typing import IO
 import onnx
 
 from compiler.base.errors import InvalidModel
+from compiler.model import onnx_import
 from server.schemas import Invalid
 from server.storage import BadUpload, UploadTooLarge
 
@@ -56,34 +57,8 @@ def stem(filename: str) -> str:
 
 
 def external_files(proto: onnx.ModelProto) -> list[str]:
-    """The `location` of every tensor the model keeps outside itself (initializers and constant attributes, in
-    subgraphs too), each once."""
-    found: set[str] = set()
-
-    def tensor(t: onnx.TensorProto) -> None:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            found.add(next((e.value for e in t.external_data if e.key == "location"), ""))
-
-    def graph(g: onnx.GraphProto) -> None:
-        for t in g.initializer:
-            tensor(t)
-        for s in g.sparse_initializer:
-            tensor(s.values)
-            tensor(s.indices)
-        for node in g.node:
-            for a in node.attribute:
-                for t in [a.t, *a.tensors] if a.HasField("t") else a.tensors:
-                    tensor(t)
-                for sub in [a.g, *a.graphs] if a.HasField("g") else a.graphs:
-                    graph(sub)
-
-    graph(proto.graph)
-    for f in proto.functions:
-        for node in f.node:
-            for a in node.attribute:
-                if a.HasField("t"):
-                    tensor(a.t)
-    return sorted(found)
+    """The `location` of every tensor the model keeps outside itself (the frontend's reading), each once."""
+    return sorted(set(onnx_import.external_files(proto).values()))
 
 
 def _parse(path: Path, name: str) -> onnx.ModelProto:

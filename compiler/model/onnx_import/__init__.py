@@ -52,7 +52,7 @@ from compiler.model.onnx_import.converters import (
 )
 from compiler.model.onnx_import.recurrent import RECURRENT
 
-__all__ = ["ONNX_OPS", "PARAM_INPUTS", "load", "parse_input_shapes"]
+__all__ = ["ONNX_OPS", "PARAM_INPUTS", "external_files", "load", "parse_input_shapes"]
 
 # op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
 ONNX_OPS = {**CONVERTERS, **RECURRENT, **CONTROL_FLOW}
@@ -161,9 +161,9 @@ def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
             proto.ParseFromString(bytes(model))
         except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-like errors from the C++ parser
             raise InvalidModel(f"not an ONNX model (protobuf parse failed: {e})") from None
-        if _external_files(proto):
+        if external_files(proto):
             raise InvalidModel(
-                f"the model keeps tensors in external files ({', '.join(sorted(set(_external_files(proto).values())))}"
+                f"the model keeps tensors in external files ({', '.join(sorted(set(external_files(proto).values())))}"
                 "), which bytes alone do not carry: load it by its path, with those files beside it"
             )
         return proto
@@ -174,7 +174,7 @@ def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:
         raise InvalidModel(f"{path} is not an ONNX model ({type(e).__name__}: {e})") from None
-    missing = {t: f for t, f in _external_files(proto).items() if not (path.parent / f).is_file()}
+    missing = {t: f for t, f in external_files(proto).items() if not (path.parent / f).is_file()}
     if missing:
         listing = ", ".join(f"{t!r} in {f!r}" for t, f in sorted(missing.items()))
         raise InvalidModel(f"{path.name} keeps tensors in external files not found in {path.parent}: {listing}")
@@ -185,12 +185,35 @@ def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _external_files(proto: onnx.ModelProto) -> dict[str, str]:
-    """Tensor name -> the external data file (ONNX's `location`) of every initializer stored outside the model."""
-    out = {}
-    for t in proto.graph.initializer:
+def external_files(proto: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name -> the external data file (ONNX's `location`) of every tensor the model keeps outside itself:
+    initializers (sparse ones too) and constant attributes, in subgraphs and local functions too, as
+    onnx.load_external_data_for_model reads them. A tensor without a name is named by its position."""
+    out: dict[str, str] = {}
+
+    def tensor(t: onnx.TensorProto) -> None:
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            out[t.name] = next((e.value for e in t.external_data if e.key == "location"), "")
+            out[t.name or f"tensor {len(out)}"] = next((e.value for e in t.external_data if e.key == "location"), "")
+
+    def attributes(nodes) -> None:
+        for node in nodes:
+            for a in node.attribute:
+                for t in [a.t, *a.tensors] if a.HasField("t") else a.tensors:
+                    tensor(t)
+                for sub in [a.g, *a.graphs] if a.HasField("g") else a.graphs:
+                    graph(sub)
+
+    def graph(g: onnx.GraphProto) -> None:
+        for t in g.initializer:
+            tensor(t)
+        for s in g.sparse_initializer:
+            tensor(s.values)
+            tensor(s.indices)
+        attributes(g.node)
+
+    graph(proto.graph)
+    for f in proto.functions:
+        attributes(f.node)
     return out
 
 
@@ -447,9 +470,8 @@ class _State:
         done = False
         for node in self.nodes:
             key = tuple(node.output)
-            if node.op_type not in CONTROL_FLOW or node.domain not in DEFAULT_DOMAINS or key in self.control:
-                continue
-            if key in self.control_unsupported:
+            known = key in self.control or key in self.control_unsupported
+            if node.op_type not in CONTROL_FLOW or node.domain not in DEFAULT_DOMAINS or known:
                 continue
             reads = [n for n in node.input if n] + [n for a in node.attribute for n in _free_in(a)]
             if not all(n in self.consts or (n in self.types and self.types[n].static) for n in reads):
