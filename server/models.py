@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -115,6 +116,10 @@ class Record(Base):
     trace: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))  # how the search made it
     # the tuning job whose measurement made it (NULL: imported, tuned offline, or the job was deleted since)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    # false for an imported record until a farm worker of its host class has re-measured its schedule: until then
+    # it chooses schedules for the team that imported it only
+    verified: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    imported_by: Mapped[int | None] = mapped_column(ForeignKey("teams.id", ondelete="SET NULL"))
 
 
 class Team(Base):
@@ -138,6 +143,7 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = _created_at()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    role: Mapped[str] = mapped_column(String(16), default="member", server_default="admin")  # admin or member
 
 
 class UploadedModel(Base):
@@ -201,6 +207,8 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the search worker's lease: renewed while it makes progress; a running job whose lease ran out has no live owner
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class JobPoint(Base):
