@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compiler.base.errors import TilefarmError
 from compiler.costs.records import VERSION
-from server import accounts, dashboard
+from server import accounts, auth, dashboard
 from server.db import engine_for, session_scope
 from server.routes import ROUTERS
 from server.settings import Settings
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router, prefix=PREFIX)
     dashboard.mount(app)  # the web dashboard under / and /static
+    auth.redact_access_log()  # no event-stream ticket (or stray token) in uvicorn's access log
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(TilefarmError, _tilefarm_error)

@@ -54,6 +54,10 @@ class Unauthorized(ApiError):
     status_code, code = 401, "unauthorized"
 
 
+class Forbidden(ApiError):
+    status_code, code = 403, "forbidden"
+
+
 class NotFound(ApiError):
     status_code, code = 404, "not_found"
 
@@ -96,10 +100,15 @@ class Health(BaseModel):
     broker: str  # embedded | redis
 
 
+# admin: manages the team's tokens and imports records; member: uploads, tunes, compiles and reads
+Role = Literal["admin", "member"]
+
+
 class TokenRef(BaseModel):
     id: int
     name: str
     prefix: str
+    role: Role
 
 
 class Me(BaseModel):
@@ -110,6 +119,7 @@ class Me(BaseModel):
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Text = Field(min_length=1, max_length=64)
+    role: Role = "member"
 
 
 class TokenOut(TokenRef):
@@ -120,6 +130,11 @@ class TokenOut(TokenRef):
 
 class NewToken(TokenRef):
     token: str  # shown once: only its hash is stored
+
+
+class EventTicket(BaseModel):
+    ticket: str  # GET /jobs/{job_id}/events?ticket=...: this job only, until expires_at
+    expires_at: Timestamp
 
 
 # ---------------------------------------------------------------------------------------------- models

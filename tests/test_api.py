@@ -61,9 +61,9 @@ def client(settings):
 
 @pytest.fixture
 def other_token(settings, client) -> str:
-    """A token of a second team."""
+    """A token of a second team: the one it starts with, so its admin."""
     with session_scope(settings) as session:
-        _, token = accounts.create_token(session, accounts.ensure_team(session, "other"), "b")
+        _, token = accounts.create_token(session, accounts.ensure_team(session, "other"), "b", role="admin")
     return token
 
 
@@ -132,7 +132,7 @@ def test_missing_wrong_and_revoked_tokens_are_refused(client):
     del client.headers["Authorization"]
     r = client.get(f"{API}/models")
     assert "Bearer" in assert_error(r, 401, "unauthorized") and r.headers["WWW-Authenticate"] == "Bearer"
-    assert_error(client.get(f"{API}/me", params={"token": TOKEN}), 401, "unauthorized")  # ?token= is for SSE only
+    assert_error(client.get(f"{API}/me", params={"token": TOKEN}), 401, "unauthorized")  # never in a URL
 
 
 def test_tokens_list_create_revoke(client, other_token):
@@ -444,8 +444,10 @@ def test_progress_points_and_event_stream(client, settings, model):
 
     with session_scope(settings) as session:
         session.get_one(Job, job["id"]).state = "succeeded"
-    del client.headers["Authorization"]  # EventSource cannot set headers: the token comes in the query
-    with client.stream("GET", f"{API}/jobs/{job['id']}/events", params={"token": TOKEN}) as r:
+    # EventSource cannot set headers: a ticket, asked for with the token, comes in the query
+    ticket = client.post(f"{API}/jobs/{job['id']}/events/ticket").json()["ticket"]
+    del client.headers["Authorization"]
+    with client.stream("GET", f"{API}/jobs/{job['id']}/events", params={"ticket": ticket}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = parse_events(r.read().decode())
     assert [e["event"] for e in events] == ["progress", "end"]

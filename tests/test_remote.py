@@ -156,13 +156,23 @@ def test_workers_and_tokens(service, tmp_path, capsys):
 
     rc, out = _cli(service, capsys, "token", "create", "ci")
     assert rc == 0, out
-    with Client(service.url, out.strip()) as c:
+    ci = out.strip()
+    with Client(service.url, ci) as c:
         me = c.me()
-        assert me["team"] == "default" and me["token"]["name"] == "ci"
-        c.revoke_token(me["token"]["id"])
-        with pytest.raises(RemoteError, match="HTTP 401") as e:
-            c.me()
-        assert e.value.code == "unauthorized"
+        assert me["team"] == "default" and me["token"]["name"] == "ci" and me["token"]["role"] == "member"
+        with pytest.raises(RemoteError, match="role 'admin'") as refused:  # a member token manages no tokens
+            c.revoke_token(me["token"]["id"])
+        assert refused.value.status == 403 and refused.value.code == "forbidden"
+    rc, out = _cli(service, capsys, "token", "create", "ops", "--role", "admin")
+    assert rc == 0, out
+    with Client(service.url, out.strip()) as admin:
+        assert admin.me()["token"]["role"] == "admin"
+        admin.revoke_token(me["token"]["id"])
+    rc, out = _cli(service, capsys, "token", "list")
+    assert rc == 0 and "ci" in out and "ops" in out and " member " in out and " admin " in out, out
+    with Client(service.url, ci) as c, pytest.raises(RemoteError, match="HTTP 401") as e:
+        c.me()
+    assert e.value.code == "unauthorized"
 
 
 def test_errors_carry_the_servers_detail(service, tmp_path, capsys):

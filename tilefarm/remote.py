@@ -98,9 +98,10 @@ class Client:
     def tokens(self) -> list[dict]:
         return self._json("GET", "/tokens")
 
-    def create_token(self, name: str) -> dict:
-        """A new token of this team: {id, name, prefix, token}; the token itself is shown only here."""
-        return self._json("POST", "/tokens", json={"name": name})
+    def create_token(self, name: str, role: str = "member") -> dict:
+        """A new token of this team (this needs an admin token): {id, name, prefix, role, token}; the token itself
+        is shown only here. `role`: member (upload, tune, compile, read) or admin (also tokens and records import)."""
+        return self._json("POST", "/tokens", json={"name": name, "role": role})
 
     def revoke_token(self, token_id: int) -> None:
         self._send("DELETE", f"/tokens/{token_id}")
@@ -158,9 +159,14 @@ class Client:
     def resume(self, job_id: int) -> dict:
         return self._json("POST", f"/jobs/{job_id}/resume")
 
+    def event_ticket(self, job_id: int) -> dict:
+        """{ticket, expires_at}: opens the job's event stream as `?ticket=` for a minute, for a client that cannot
+        send this token in a header (events() sends the header and needs none)."""
+        return self._json("POST", f"/jobs/{job_id}/events/ticket")
+
     def events(self, job_id: int) -> Iterator[tuple[str, Any]]:
         """The job's server-sent events as (event, data) pairs: "progress" with the progress JSON on every change,
-        then "end" once the job is terminal."""
+        then "end" once the job is terminal. The token goes in the header, as on every call, never in the URL."""
         # no read timeout: the server is silent while a round is being measured, which can take minutes
         timeout = httpx.Timeout(self.http.timeout.connect, read=None)
         try:
@@ -504,16 +510,20 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    """Create (shown once), list or revoke the team's API tokens."""
+    """Create (shown once), list or revoke the team's API tokens (with an admin token)."""
     with _client(args) as c:
         if args.action == "create":
-            t = c.create_token(args.name)
+            t = c.create_token(args.name, args.role)
             print(t["token"])
-            print(f"token {t['id']} ({t['name']}, {t['prefix']}...) created; it is shown only now", file=sys.stderr)
+            print(
+                f"{t['role']} token {t['id']} ({t['name']}, {t['prefix']}...) created; it is shown only now",
+                file=sys.stderr,
+            )
         elif args.action == "list":
             for t in c.tokens():
                 revoked = f"  revoked {t['revoked_at']}" if t.get("revoked_at") else ""
-                print(f"{t['id']:>4} {t['name']:<24} {t['prefix']}...  created {t['created_at']}{revoked}")
+                head = f"{t['id']:>4} {t['name']:<24} {t['role']:<6} {t['prefix']}..."
+                print(f"{head}  created {t['created_at']}{revoked}")
         else:
             c.revoke_token(args.id)
             print(f"token {args.id} revoked")
@@ -569,6 +579,12 @@ def add_remote_parser(subparsers) -> None:
     tk = sub.add_parser("token", help=cmd_token.__doc__).add_subparsers(dest="action", required=True)
     tc = tk.add_parser("create", help="a new token of your team (printed once)", parents=[common])
     tc.add_argument("name")
+    tc.add_argument(
+        "--role",
+        choices=("member", "admin"),
+        default="member",
+        help="member: upload, tune, compile, read; admin: also manage tokens and import records (default: member)",
+    )
     tk.add_parser("list", help="the team's tokens", parents=[common])
     tv = tk.add_parser("revoke", help="revoke a token by id", parents=[common])
     tv.add_argument("id", type=int)

@@ -64,7 +64,7 @@ def prepare(environ: Mapping[str, str] = os.environ) -> tuple[str, bool]:
             found = find_token(session, token)
             if found is not None and found[0].id == team.id:
                 return token, False
-        _, token = create_token(session, team, "serve")
+        _, token = create_token(session, team, "serve", role="admin")  # the operator's: it manages the team
     _write_private(path, token)
     return token, True
 

@@ -11,11 +11,13 @@ from fastapi import APIRouter, Header, Query, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from server import job_detail, jobs
-from server.auth import CurrentTeam, CurrentTeamOrQuery, SessionDep, SettingsDep
+from server import accounts, job_detail, jobs
+from server.auth import CurrentTeam, EventStreamTeam, SessionDep, SettingsDep
+from server.models import ApiToken
 from server.params import INT64_MAX, Id, Offset
 from server.schemas import (
     ERROR_RESPONSES,
+    EventTicket,
     JobBatches,
     JobCreate,
     JobErrors,
@@ -108,6 +110,16 @@ def job_batches(
     return job_detail.job_batches(session, who.team_id, job_id, limit)
 
 
+@router.post("/jobs/{job_id}/events/ticket", responses=error_responses(404))
+def job_events_ticket(job_id: Id, who: CurrentTeam, session: SessionDep) -> EventTicket:
+    """A ticket that opens this job's event stream (`GET /jobs/{job_id}/events?ticket=...`) for the next minute,
+    for clients that cannot send the token in a header (a browser's EventSource); a token in a URL would end up in
+    access logs. Revoking the token ends its tickets."""
+    jobs.get_job(session, who.team_id, job_id)  # another team's job is as unknown as a missing one
+    ticket, expires_at = accounts.issue_ticket(session.get_one(ApiToken, who.token_id), job_id)
+    return EventTicket(ticket=ticket, expires_at=expires_at)
+
+
 def _event(name: str, data: str, event_id: int | None = None) -> str:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {name}\ndata: {data}\n\n"
@@ -148,13 +160,13 @@ async def _events(settings: Settings, team_id: int, job_id: int, current: Progre
 )
 async def job_events(
     job_id: Id,
-    who: CurrentTeamOrQuery,
+    who: EventStreamTeam,
     settings: SettingsDep,
     after: Offset = 0,
     last_event_id: Annotated[int | None, Header(ge=0)] = None,
 ) -> StreamingResponse:
-    """Server-sent events: `progress` (the /progress JSON with the new points) on every change, then `end`. The
-    token may be given as `?token=` here, since EventSource cannot set headers."""
+    """Server-sent events: `progress` (the /progress JSON with the new points) on every change, then `end`. Send
+    the token as a bearer header, or (EventSource cannot) `?ticket=` from POST /jobs/{job_id}/events/ticket."""
     since = max(after, last_event_id or 0)
     first = await run_in_threadpool(jobs.progress, settings, who.team_id, job_id, since)  # a 404 before streaming
     return StreamingResponse(

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from compiler.costs.records import RecordError, TuningRecord
 from server import storage, workloads
-from server.auth import SessionDep, SettingsDep, current_team
+from server.auth import SessionDep, SettingsDep, current_team, require_admin
 from server.catalog import records_db
 from server.models import Host, Record, TargetRow, Workload
 from server.params import Id, Offset
@@ -181,7 +181,12 @@ def _import(settings: Settings, path: Path) -> int:
     return records_db(settings.database_url).import_file(path)
 
 
-@router.post("/records/import", openapi_extra=IMPORT_BODY, responses=error_responses(413))
+@router.post(
+    "/records/import",
+    openapi_extra=IMPORT_BODY,
+    responses=error_responses(403, 413),
+    dependencies=[Depends(require_admin)],  # records are shared by every team: an admin token adds to them
+)
 async def import_records(request: Request, settings: SettingsDep) -> ImportResult:
     """Add the records of a JSON-lines file (the request body, or a multipart `file` part); returns how many were
     new. Records already stored are skipped, so importing a file twice adds nothing."""

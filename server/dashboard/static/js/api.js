@@ -76,9 +76,13 @@ export async function request(path, {method = "GET", query, json, form, signal, 
 export const get = (path, query, options = {}) => request(path, {...options, query});
 export const post = (path, json, options = {}) => request(path, {...options, method: "POST", json});
 
-/** The server-sent events URL of a job (EventSource cannot set headers: the token goes in the query). */
-export function eventsUrl(jobId, after = 0) {
-  return url(`jobs/${jobId}/events`, {token: token(), after: after || undefined});
+/**
+ * The server-sent events URL of a job. EventSource cannot set headers, and a token in a URL would land in access
+ * logs: the URL carries a ticket instead, asked for with the token, good for this job only and for a minute.
+ */
+export async function eventsUrl(jobId, after = 0, {signal} = {}) {
+  const {ticket} = await request(`jobs/${jobId}/events/ticket`, {method: "POST", signal});
+  return url(`jobs/${jobId}/events`, {ticket, after: after || undefined});
 }
 
 async function sha256Hex(blob) {

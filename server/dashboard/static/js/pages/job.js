@@ -144,14 +144,28 @@ export function render(root, view, id) {
     });
   }
 
-  function stream() {
-    const events = new EventSource(eventsUrl(jobId, lastPoint()));
+  async function stream() {
+    let address;
+    try {
+      address = await eventsUrl(jobId, lastPoint(), {signal: view.signal});
+    } catch (error) {
+      if (error.name !== "AbortError" && view.open) pollProgress(); // (a 401 has gone to the login page already)
+      return;
+    }
+    if (!view.open) return;
+    const events = new EventSource(address);
+    let opened = false;
     view.onClose(() => events.close());
+    events.addEventListener("open", () => (opened = true));
     events.addEventListener("progress", (e) => view.open && merge(JSON.parse(e.data)));
     events.addEventListener("end", () => events.close()); // the job is over: the last progress came before
     events.addEventListener("error", () => {
-      // a dropped connection reconnects by itself (Last-Event-ID); a refused one (401, 404) is closed for good
-      if (events.readyState === EventSource.CLOSED && view.open) pollProgress();
+      // a dropped connection reconnects by itself (Last-Event-ID) with the same URL; once its ticket has expired
+      // that is refused and the stream closes: a stream that had opened starts again with a new ticket, one that
+      // never opened (a 404) falls back to polling
+      if (events.readyState !== EventSource.CLOSED || !view.open) return;
+      if (opened) stream();
+      else pollProgress();
     });
   }
 
