@@ -27,6 +27,12 @@ from server.storage import BadUpload, UploadTooLarge
 CHUNK = 1 << 20
 TAR_HEADER = 512  # counted for every tar member: a tar.gz of empty members still unpacks to its headers
 IGNORED = re.compile(r"(^|/)(__MACOSX/|\._)")  # the resource forks macOS's archivers add beside each file
+# members that make a zip a PyTorch file: torch.save's and TorchScript's pickle, a torch.export program's (.pt2) files
+PYTORCH_MEMBERS = re.compile(r"(^|/)(data\.pkl|archive_format|models/model\.json)$")
+PYTORCH_REFUSED = (
+    "the service takes ONNX models only and never unpickles an upload: export the model to ONNX "
+    "(torch.onnx.export), or compile the PyTorch file on your own machine (tilefarm compile model.pt2)"
+)
 
 
 class MissingExternalData(Invalid):
@@ -65,6 +71,10 @@ def _parse(path: Path, name: str) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError, or the C++ parser's errors
+        with path.open("rb") as f:
+            pickled = f.read(1) == b"\x80"  # a pickle's PROTO opcode: torch.save's .pt/.pth of old
+        if pickled:
+            raise InvalidModel(f"{name} is a Python pickle (a PyTorch file?), not ONNX: {PYTORCH_REFUSED}") from None
         raise InvalidModel(f"{name} is not an ONNX model (protobuf parse failed: {type(e).__name__})") from None
 
 
@@ -203,6 +213,8 @@ def unpack(path: Path, folder: Path, limit: int) -> Unpacked:
     try:
         models = sorted(n for n in archive.members if n.lower().endswith(".onnx"))
         if not models:
+            if any(PYTORCH_MEMBERS.search(n) for n in archive.members):
+                raise BadUpload(f"the upload is a PyTorch file (.pt2, .pt, .pth), not an ONNX model: {PYTORCH_REFUSED}")
             listing = ", ".join(sorted(archive.members)[:20]) or "nothing"
             raise BadUpload(f"the archive holds no .onnx model (it holds {listing})")
         if len(models) > 1:

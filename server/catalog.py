@@ -17,11 +17,13 @@ from sqlalchemy import exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from compiler.base.errors import InvalidTarget
 from compiler.base.target import Target
 from compiler.costs.records import cache_preference, target_name
 from compiler.model.onnx_import import load, parse_input_shapes
 from compiler.search.task_scheduler import TRIALS_PER_TASK, coverage
 from compiler.targets import host_target as this_host_target
+from compiler.targets import parse_target
 from compiler.tensor import dag_json
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task, constant_bytes, tuning_plan
@@ -106,13 +108,28 @@ def host_target(session: Session, settings: Settings, fingerprint: str) -> Targe
 
 
 def resolve_target(session: Session, settings: Settings, target: str, host: str | None) -> Target:
-    """The Target a job or compile asks for: `target` must be an alias of llvm; `host` defaults to default_host."""
-    if target.strip().lower() not in TARGET_ALIASES:
+    """The Target a job or compile asks for: `target` must be an alias of llvm, or a tvmc target string naming the host
+    class's own CPU ("llvm -mcpu=<its mcpu>"): the service measures and builds on the host class's workers, so another
+    CPU is refused (`tilefarm compile --target` cross-compiles); `host` defaults to default_host."""
+    words = target.split()
+    if not words or words[0].lower() not in TARGET_ALIASES:
         raise Invalid(
             f"target {target!r} is not supported yet: use llvm (code for the CPU of the host class)",
             code="unsupported_target",
         )
-    return host_target(session, settings, host or default_host(session, settings))
+    host_class = host_target(session, settings, host or default_host(session, settings))
+    try:
+        wanted = parse_target(target, host_class) if len(words) > 1 else host_class
+    except InvalidTarget as e:
+        raise Invalid(str(e), code="unsupported_target") from None
+    if wanted != host_class:
+        raise Invalid(
+            f"target {target!r} is another CPU than the host class's ({target_name(host_class)}): the service tunes "
+            f"and compiles for the CPU of the workers that measure; cross-compile on your own machine with "
+            f"tilefarm compile --target {target!r}",
+            code="unsupported_target",
+        )
+    return host_class
 
 
 # ---------------------------------------------------------------------------------------------- registering

@@ -107,12 +107,13 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_model(path: str, shapes: str | None):
-    from compiler.model.onnx_import import load, parse_input_shapes
+def _load_model(path: str, shapes: str | None, model_format: str | None = None):
+    from compiler.model import load_any
+    from compiler.model.onnx_import import parse_input_shapes
 
     if not Path(path).exists():
         raise SystemExit(f"error: no such model file: {path}")
-    return load(path, parse_input_shapes(shapes) if shapes else None)
+    return load_any(path, parse_input_shapes(shapes) if shapes else None, model_format)
 
 
 def _disable_pass_option(p: argparse.ArgumentParser) -> None:
@@ -127,17 +128,27 @@ def _disable_pass_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _model_format_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-format",
+        choices=["onnx", "pytorch"],
+        help="the model's format (default: by its file name; .onnx is ONNX, .pt, .pth and .pt2 are PyTorch)",
+    )
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
     from compiler.artifact.build import build
     from compiler.tensor.tasks import kernel_calls
 
-    _check_target(args.target)
+    target = _check_target(args.target)
     _print_feature_edits()
     t = time.perf_counter()
-    graph = _load_model(args.model, args.input_shapes)
+    graph = _load_model(args.model, args.input_shapes, args.model_format)
     name = Path(args.output).stem.replace("-", "_") or "model"
-    info = build(graph, args.output, name=name, records=_records_source(args), disabled_passes=args.disable_pass)
+    info = build(
+        graph, args.output, name=name, records=_records_source(args), disabled_passes=args.disable_pass, target=target
+    )
     print(
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
         f"{len(kernel_calls(info.calls))} kernel calls, {time.perf_counter() - t:.1f} s"
@@ -149,10 +160,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_target(target: str) -> Target:
-    if target not in ("llvm", "cpu", "host"):
-        raise SystemExit(f"error: target {target!r} is not supported yet; use 'llvm' (this host's CPU)")
-    return host_target()
+def _check_target(target: str, runs_here: bool = False) -> Target:
+    """The Target of a tvmc target string ("llvm -mcpu=broadwell -mattr=-fma"); with `runs_here` (tuning measures
+    here), one this host can run the code of, or InvalidTarget names what it lacks."""
+    from compiler.targets import check_runs_here, parse_target
+
+    parsed = parse_target(target)
+    if runs_here:
+        check_runs_here(parsed)
+    return parsed
 
 
 def _records_source(args: argparse.Namespace):
@@ -316,6 +332,7 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     from compiler.search.task_scheduler import TaskScheduler
     from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 
+    target = _check_target(getattr(args, "target", "llvm"), runs_here=True)  # tune-kernel has no --target
     if args.database:
         db = _open_database(args.database)
         db.describe_workloads(tasks)
@@ -336,7 +353,7 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
 
     model = _cost_model(args, db if args.database else None)
     with (
-        LocalBuilder() as builder,
+        LocalBuilder(target=target) as builder,
         LocalRunner(
             repeat=args.repeat,
             threads=args.threads,
@@ -345,8 +362,9 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
         ) as runner,
     ):
         sched = TaskScheduler(
-            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live, choices=choices
-        )
+            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live, choices=choices,
+            target=target,
+        )  # fmt: skip
         if args.resume:
             loaded = bool(args.model_file) and Path(args.model_file).exists()
             print(f"resumed {sched.resume(train=not loaded)} records from {where}")
@@ -404,7 +422,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     refuse_unguarded_main()  # before the model's summary, which a worker importing the script would print again
     from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, kernel_calls, tuning_plan, weights_arrive_cold
 
-    plan = tuning_plan(_load_model(args.model, args.input_shapes), args.disable_pass, args.conv_forms)
+    plan = tuning_plan(
+        _load_model(args.model, args.input_shapes, args.model_format), args.disable_pass, args.conv_forms
+    )
     print(f"{args.model}: {len(plan.tasks)} tasks, {len(kernel_calls(plan.calls))} kernel calls")
     _print_feature_edits()
     if plan.choices:
@@ -533,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
     rec.add_argument("--database", metavar="URL", help="take the records from this SQL database instead")
     c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
+    _model_format_option(c)
     _disable_pass_option(c)
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")
@@ -561,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "tune":
             t.add_argument("model")
             t.add_argument("--input-shapes")
+            t.add_argument("--target", default="llvm", help="the target to tune for (this host's CPU: llvm)")
+            _model_format_option(t)
             _disable_pass_option(t)
             t.add_argument(
                 "--conv-forms",

@@ -87,7 +87,7 @@ def schedule_tasks(
     for t in tasks:
         found = best_replaying(t, database, target, prefer) if database is not None else None
         if found is None:
-            states.append(backend_for(target).default_schedule(t.dag))
+            states.append(backend_for(target).default_schedule(t.dag, target))
             continue
         rec, state = found
         used[t.key] = {
@@ -175,7 +175,7 @@ def build(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         entry = entry_source(optimized, calls, layout, arity, scratch, workspace)
-        backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name)
+        backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name, target=host)
         t3 = time.perf_counter()
         (tmp / f"{name}.h").write_text(_header(optimized, name))
         files = [f"{name}.so", f"{name}.h"]
@@ -200,6 +200,7 @@ def build(
                 "mcpu": target.mcpu,
                 "features": target.features,
             },
+            "requires": backend.runtime_requirements(target),  # checked by the loader: runtime.Artifact.load
             "host": target.fingerprint(),
             "environment": dict(backend.library_env),
             "disabled_passes": list(disabled_passes),

@@ -52,6 +52,7 @@ class Artifact:
         for f, digest in meta["sha256"].items():
             if not (root / f).exists() or hashlib.sha256((root / f).read_bytes()).hexdigest() != digest:
                 raise ArtifactError(f"artifact {path}: {f} is missing or does not match its sha256 in meta.json")
+        _check_runs_here(meta, path)
         # what the target's library runs with (the CPU's: libgomp's wait policy, read once as it loads); the user's
         # own settings win
         for k, v in meta.get("environment", {}).items():
@@ -111,6 +112,37 @@ class Artifact:
             }
             for k, (call, (fn, ptrs)) in enumerate(zip(self.meta["calls"], calls))
         ]
+
+
+def _check_runs_here(meta: dict, path: str | Path) -> None:
+    """Refuse an artifact compiled for a CPU with instructions this one lacks (cross-compiled: `compile --target "llvm
+    -mcpu=skylake-avx512"` on an AVX2 machine), before its code can die of an illegal instruction. The artifact names
+    what it needs (meta "requires", per LLVM feature the flag /proc/cpuinfo lists); where this machine does not say
+    (no /proc/cpuinfo flags: not Linux on x86), it is not checked."""
+    needs = meta.get("requires", {}).get("cpuinfo_flags", {})
+    flags = cpuinfo_flags() if needs else None
+    if not flags:
+        return
+    missing = [feature for feature, flag in needs.items() if flag not in flags]
+    if missing:
+        target = meta.get("target", {}).get("name", "another CPU")
+        raise ArtifactError(
+            f"artifact {path} was compiled for {target}, and this machine's CPU lacks {', '.join(missing)}: its code "
+            "cannot run here. Run it on a machine that has them, or compile the model for this one (--target llvm)"
+        )
+
+
+def cpuinfo_flags() -> frozenset[str]:
+    """The instruction-set flags /proc/cpuinfo lists for this machine's first CPU (empty where it lists none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 def _seconds(fn, ptrs: list[int]) -> float:

@@ -31,7 +31,13 @@ class UnknownPass(TilefarmError):
 
 
 class InvalidTarget(TilefarmError):
-    """A target this host cannot build and time code for (TILEFARM_CPU_FEATURES naming a feature it lacks)."""
+    """A target tilefarm cannot build code for (a CPU or feature LLVM does not know, another architecture), or that
+    this host cannot time code for (an AVX-512 target on an AVX2 host; TILEFARM_CPU_FEATURES naming a feature it
+    lacks)."""
+
+
+class MissingExtra(TilefarmError):
+    """An optional dependency a feature needs is not installed; the message names the extra that brings it."""
 
 
 class BuildError(TilefarmError):

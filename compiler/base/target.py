@@ -25,6 +25,7 @@ class Target:
     l2_bytes: int | None = None
     l3_bytes: int | None = None
     cpu_model: str = ""
+    mattr: str = ""  # the feature edits a target string made ("-mattr=+a,-b"), part of its name; features has them
 
     def has(self, feature: str) -> bool:
         """True if LLVM feature `feature` (e.g. "avx512f") is enabled."""

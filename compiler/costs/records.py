@@ -257,8 +257,8 @@ class JSONLinesDatabase:
 
 
 def target_name(target: Target) -> str:
-    """The target string records are filed under."""
-    return f"llvm -mcpu={target.mcpu}"
+    """The target string records are filed under, as tvmc writes it (compiler.targets.parse_target reads it back)."""
+    return f"llvm -mcpu={target.mcpu}" + (f" -mattr={target.mattr}" if target.mattr else "")
 
 
 REPLAY_CANDIDATES = 8  # the fastest records of a task that compile tries, in order, until one replays

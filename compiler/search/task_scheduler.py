@@ -185,7 +185,7 @@ class TaskScheduler:
         self.database = database
         self.model = model if model is not None else XGBModel(seed=self.options.seed)
         self._own = builder is None or runner is None
-        self.builder = builder or backend.builder()
+        self.builder = builder or backend.builder(target=self.target)
         self.runner = runner or backend.runner(repeat=1)
         self.callback = callback
         self.rng = np.random.default_rng(self.options.seed)
@@ -346,7 +346,7 @@ class TaskScheduler:
         population = self._population(p, n)
         cands = p.policy.next_batch(n - 1 if with_default else n, population, self._foreign(i))
         if with_default:
-            state = backend_for(self.target).default_schedule(p.task.dag)
+            state = backend_for(self.target).default_schedule(p.task.dag, self.target)
             cands = [Candidate(-1, None, state, program_key(state)), *cands]
         search_s = time.perf_counter() - t0
         self.stats.search_s += search_s

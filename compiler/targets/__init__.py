@@ -24,3 +24,16 @@ def backend_for(target: Target | str) -> Backend:
 def host_target() -> Target:
     """The processor this process runs on (the CPU backend's host)."""
     return BACKENDS["cpu"].host()
+
+
+def parse_target(text: str, host: Target | None = None) -> Target:
+    """The Target a tvmc/TVM target string names: "llvm" (this host's CPU), "llvm -mcpu=NAME -mattr=+a,-b" (any CPU
+    LLVM knows, features edited; cores and caches are `host`'s). Raises InvalidTarget naming what is wrong
+    (compiler/targets/cpu/target_parse.py)."""
+    return cpu.BACKEND.parse_target(text, host)
+
+
+def check_runs_here(target: Target, host: Target | None = None) -> None:
+    """Raise InvalidTarget, naming what `host` (default: this process's) lacks, unless it can run `target`'s code:
+    tuning measures here, so it needs this; compiling does not."""
+    backend_for(target).check_runs_here(target, host)

@@ -49,6 +49,13 @@ class Backend(Protocol):
     def host(self) -> Target:
         """The target of this kind this process runs on; `Target.fingerprint()` names the host class of a timing."""
 
+    def check_runs_here(self, target: Target, host: Target | None = None) -> None:
+        """Raise InvalidTarget unless `host` (default: this process's) can run code built for `target`, naming why."""
+
+    def runtime_requirements(self, target: Target) -> dict:
+        """What a machine must report to run `target`'s code, written into the artifact for its loader to check
+        (compiler.artifact.runtime: "cpuinfo_flags", LLVM feature -> the /proc/cpuinfo flag that says it is there)."""
+
     def search_space(self, dag: ComputeDAG, target: Target, params: Any) -> SearchSpace:
         """The task's search space on `target`, shaped by the search's SearchParams."""
 
@@ -56,7 +63,8 @@ class Backend(Protocol):
         """The rule-based schedule, used untuned and as every candidate's reference."""
 
     def builder(self, **options: Any) -> Builder:
-        """Builds candidates into loadable code (its options: parallelism, timeout)."""
+        """Builds candidates into code loadable here (its options: parallelism, timeout, the target to build for,
+        which this host must be able to run)."""
 
     def runner(self, **options: Any) -> Runner:
         """Checks candidates against the default schedule and times them (options: repeat, cache flush, threads…)."""
@@ -70,6 +78,8 @@ class Backend(Protocol):
     def scratch_bytes(self, func: Func) -> int:
         """Bytes of the workspace the kernel takes as its last argument (0: none)."""
 
-    def link_artifact(self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str) -> Path:
-        """The artifact's library `name`.so in `folder`: the kernels, the C entry point that calls them, and the
-        weights (`params`, 64-byte aligned at symbol tilefarm_params)."""
+    def link_artifact(
+        self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str, target: Target | None = None
+    ) -> Path:
+        """The artifact's library `name`.so in `folder` with code for `target` (default: this host): the kernels, the
+        C entry point that calls them, and the weights (`params`, 64-byte aligned at symbol tilefarm_params)."""

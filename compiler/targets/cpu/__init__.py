@@ -16,6 +16,7 @@ from compiler.targets.cpu.host import host
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 from compiler.targets.cpu.sandbox import OPENMP_ENV
 from compiler.targets.cpu.space import CpuSearchSpace
+from compiler.targets.cpu.target_parse import check_runs_here, parse_target, runtime_requirements
 
 
 class CpuBackend:
@@ -24,6 +25,9 @@ class CpuBackend:
     library_env = OPENMP_ENV
 
     host = staticmethod(host)
+    parse_target = staticmethod(parse_target)
+    check_runs_here = staticmethod(check_runs_here)
+    runtime_requirements = staticmethod(runtime_requirements)
     search_space = staticmethod(CpuSearchSpace)
     default_schedule = staticmethod(default_schedule)
     builder = staticmethod(LocalBuilder)
@@ -38,7 +42,9 @@ class CpuBackend:
     def scratch_bytes(self, func: Func) -> int:
         return codegen.plan_scratch(func).nbytes
 
-    def link_artifact(self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str) -> Path:
+    def link_artifact(
+        self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str, target: Target | None = None
+    ) -> Path:
         # the weights go in as an assembler .incbin, 64-byte aligned in .rodata
         (folder / "params.bin").write_bytes(params or b"\0")
         (folder / "params.S").write_text(
@@ -50,7 +56,7 @@ class CpuBackend:
         os.chdir(folder)  # .incbin resolves params.bin relative to the assembler's working directory
         try:
             return codegen.emit_shared_library(
-                list(funcs), folder / f"{name}.so", extra_sources=[folder / "entry.c", folder / "params.S"]
+                list(funcs), folder / f"{name}.so", target, extra_sources=[folder / "entry.c", folder / "params.S"]
             )
         finally:
             os.chdir(cwd)

@@ -14,7 +14,7 @@ from compiler.base.target import Target
 from compiler.schedule.matrix_transform import is_matrix_transform, outer_axes, transform_structure
 from compiler.schedule.simplify import linear
 from compiler.schedule.state import State, initial_state
-from compiler.targets.cpu.host import host
+from compiler.targets.cpu.host import host, vector_registers
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG, at_own_index
 from compiler.tensor.te import Load
@@ -52,7 +52,7 @@ def _registers(target: Target) -> tuple[int, int]:
     """fp32 lanes of one vector register, and how many vector registers hold accumulators: 16 of AVX-512's 32,
     10 of AVX2's 16 (the rest keep the loaded and broadcast operands)."""
     lanes = max(1, target.vector_bytes // 4)
-    return lanes, 16 if target.vector_bytes >= 64 else 10
+    return lanes, 16 if vector_registers(target) >= 32 else 10
 
 
 def _transform_loops(s: State, name: str) -> State:

@@ -28,7 +28,7 @@ import numpy as np
 
 from compiler.base import dtypes
 from compiler.base.errors import IllegalStep, TilefarmError
-from compiler.base.target import DEFAULT_L3_BYTES
+from compiler.base.target import DEFAULT_L3_BYTES, Target
 from compiler.costs.measure import (
     BUILD,
     BUILD_TIMEOUT,
@@ -47,6 +47,7 @@ from compiler.targets.cpu.codegen import emit_shared_library, link_shared_librar
 from compiler.targets.cpu.default_schedule import default_schedule
 from compiler.targets.cpu.host import host
 from compiler.targets.cpu.sandbox import OPENMP_ENV
+from compiler.targets.cpu.target_parse import check_runs_here
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task
 
@@ -94,13 +95,15 @@ def _exit_reason(returncode: int | None) -> str:
 # ---------------------------------------------------------------------------------------------- builder
 
 
-def _build_one(dag: ComputeDAG, steps: tuple[Step, ...], path: str) -> tuple[str | None, str]:
+def _build_one(
+    dag: ComputeDAG, steps: tuple[Step, ...], path: str, target: Target | None = None
+) -> tuple[str | None, str]:
     try:
         state = apply_steps(dag, steps)
     except IllegalStep as e:
         return INSTANTIATION, str(e)
     try:
-        emit_shared_library([lower(state, KERNEL)], path)
+        emit_shared_library([lower(state, KERNEL)], path, target)
     except TilefarmError as e:
         return BUILD, f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - a compiler bug fails this candidate, not the tuning run
@@ -142,9 +145,20 @@ class _BuildWorker:
 
 
 class LocalBuilder:
-    """Builds candidates in parallel in worker processes; a context manager (close() removes the libraries)."""
+    """Builds candidates in parallel in worker processes, with code for `target` (default: this host; another CPU's
+    only where this host runs its instructions, as they are measured here: InvalidTarget says what it lacks); a context
+    manager (close() removes the libraries)."""
 
-    def __init__(self, n_parallel: int | None = None, timeout: float = 15.0, workdir: str | Path | None = None):
+    def __init__(
+        self,
+        n_parallel: int | None = None,
+        timeout: float = 15.0,
+        workdir: str | Path | None = None,
+        target: Target | None = None,
+    ):
+        if target is not None:
+            check_runs_here(target)
+        self.target = target
         self.n_parallel = n_parallel or host().cores
         self.timeout = timeout
         self._own_dir = workdir is None
@@ -182,7 +196,7 @@ class LocalBuilder:
     def _dispatch(self, k: int, i: int, inputs: list[MeasureInput]) -> None:
         self._count += 1
         path = str(self.workdir / f"c{self._count}.so")
-        job = (inputs[i].task.dag, tuple(inputs[i].steps), path)
+        job = (inputs[i].task.dag, tuple(inputs[i].steps), path, self.target)
         try:
             self._workers[k].conn.send(job)
         except OSError:  # it died since the last job: a fresh one takes this job
