@@ -282,13 +282,20 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
 
 
 def coverage_view(
-    session: Session, settings: Settings, tasks: list[Task], fingerprint: str, weights_bytes: int | None = None
+    session: Session,
+    settings: Settings,
+    tasks: list[Task],
+    fingerprint: str,
+    weights_bytes: int | None = None,
+    team_id: int | None = None,
 ) -> CoverageOut:
-    """What the records hold for each task on one host class, and the trials still needed (task_scheduler.coverage);
-    the best record of each task is the one compile applies for a model of `weights_bytes` of constants."""
+    """What the records team `team_id` trusts (server.trust) hold for each task on one host class, and the trials
+    still needed (task_scheduler.coverage); the best record of each task is the one compile applies for a model of
+    `weights_bytes` of constants."""
     target = host_target(session, settings, fingerprint)
     prefer = cache_preference(weights_bytes or 0, target)
-    covered = coverage(tasks, records_db(settings.database_url), target, TRIALS_PER_TASK, prefer)
+    records = records_db(settings.database_url).trusting(team_id)
+    covered = coverage(tasks, records, target, TRIALS_PER_TASK, prefer)
     rows = [
         TaskCoverageOut(
             position=i,
@@ -319,7 +326,8 @@ def model_view(
     cover = None
     if settings is not None:
         tasks = tasks if tasks is not None else model_tasks(settings, model, rows)
-        cover = coverage_view(session, settings, tasks, host or default_host(session, settings), model.weights_bytes)
+        host = host or default_host(session, settings)
+        cover = coverage_view(session, settings, tasks, host, model.weights_bytes, model.team_id)
     return ModelOut(
         id=model.id,
         name=model.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -10,12 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Integer, create_engine, event, func, select, update
+from sqlalchemy import ColumnElement, Engine, Integer, create_engine, event, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 
 from compiler.base.errors import TilefarmError
+from compiler.costs.measure import UNKNOWN
 from compiler.costs.records import VERSION, TuningRecord, merge_measurement, read_record_lines
 from compiler.targets import host_target
 from compiler.tensor import dag_json
@@ -28,6 +30,10 @@ BATCH = 1000  # records per query when iterating the whole database
 _RECORD_IDENTITY = ["workload_id", "host_id", "steps_hash", "cache"]  # the unique key on tuning_records
 # what a stored record holds besides the TuningRecord: who measured it, for which job, and how long it took
 RECORD_EXTRAS = ("created_by", "job_id", "build_seconds", "run_seconds")
+Seconds = tuple[float | None, float | None]  # a measurement's (build, run) seconds, where known
+# what a measurement of a stored program sets when it verifies an imported (unverified) record: the farm's timing
+# replaces the claimed one
+VERIFYING = ("costs", "mean_cost", "error", "error_message", "timestamp", "version", "build_seconds", "run_seconds")
 # what a host row says besides its fingerprint; exports carry it, so a merged database knows where timings came from
 HOST_DETAILS = (
     *("kind", "cpu_model", "mcpu", "isa_features", "cores", "l1_bytes", "l2_bytes", "l3_bytes", "gpu", "npu"),
@@ -110,13 +116,27 @@ def this_host() -> str:
     return host_target().fingerprint()
 
 
+def trusted_by(team_id: int | None) -> ColumnElement[bool]:
+    """The records team `team_id` may take schedules from: the verified ones and its own unverified imports (the
+    verified ones alone for None: the command line)."""
+    if team_id is None:
+        return Record.verified.is_(True)
+    return or_(Record.verified.is_(True), Record.imported_by == team_id)
+
+
 class SQLDatabase:
     """Tuning records in a SQL database: SQLite (one file, the default) or PostgreSQL (a team's shared one).
 
     Commits are idempotent and safe from many processes at once. `best` answers for this machine's host
     fingerprint unless told otherwise: a timing measured on another machine class is not comparable.
     On open, the schema is upgraded to the newest revision (`upgrade_schema=None` does that for SQLite files; a
-    shared PostgreSQL database is upgraded explicitly with `tilefarm db upgrade`, and opening an old one raises)."""
+    shared PostgreSQL database is upgraded explicitly with `tilefarm db upgrade`, and opening an old one raises).
+
+    Trust (docs/records.md#verification-and-trust): a record imported through the service is stored unverified until
+    a farm worker of its host class has measured its schedule. What chooses or seeds schedules (`best`, `records_of`,
+    iterating, `export`) reads the verified records and the unverified ones team `team_id` imported (none when
+    `team_id` is None: the command line); what measures (`commit`, `import_records`, `remeasured`) stores verified
+    records, and a measurement of an unverified record's program verifies it with the measured timing."""
 
     def __init__(
         self,
@@ -125,11 +145,13 @@ class SQLDatabase:
         upgrade_schema: bool | None = None,
         created_by: str | None = None,
         job_id: int | None = None,
+        team_id: int | None = None,
     ):
         self.url = url or Settings.from_env().database_url
         self.engine = create_engine_for(self.url)
         self.created_by = created_by  # who measured what `commit` stores, e.g. "job/12"
         self.job_id = job_id  # the service's tuning job that measured it
+        self.team_id = team_id  # the team whose unverified imports this reader trusts
         self._ids: dict[tuple[str, str], int] = {}  # (table, natural key) -> id of rows known to be committed
         if upgrade_schema is None:
             upgrade_schema = self.engine.dialect.name == "sqlite"
@@ -163,6 +185,16 @@ class SQLDatabase:
                 f"the database {self} has schema revision {have or 'none (empty)'}, this tilefarm needs "
                 f"{head_revision()}: run `tilefarm db upgrade --database {self}`"
             )
+
+    def trusting(self, team_id: int | None) -> SQLDatabase:
+        """This database as team `team_id` reads it (its own unverified imports trusted too), on the same engine:
+        close the database itself, not the view."""
+        view = copy.copy(self)
+        view.team_id = team_id
+        return view
+
+    def _trusted(self) -> ColumnElement[bool]:
+        return trusted_by(self.team_id)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -222,8 +254,20 @@ class SQLDatabase:
             "trace": record.trace,
             "cache": record.cache,
             **{column: extra.get(column) for column in RECORD_EXTRAS},
+            "verified": extra.get("imported_by") is None,
+            "imported_by": extra.get("imported_by"),
         }
-        stmt = self._insert(Record).values(row).on_conflict_do_nothing(index_elements=_RECORD_IDENTITY)
+        stmt = self._insert(Record).values(row)
+        if not extra.get("imported") and record.error != UNKNOWN:
+            # a measurement (not an import) of a program stored unverified verifies it with this timing; a verified
+            # record is left as it is, and so is any record an import meets (an import never changes one)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=_RECORD_IDENTITY,
+                set_={**{c: stmt.excluded[c] for c in VERIFYING}, "verified": True},
+                where=Record.verified.is_(False),
+            )
+        else:
+            stmt = stmt.on_conflict_do_nothing(index_elements=_RECORD_IDENTITY)
         return conn.execute(stmt.returning(Record.id)).first() is not None  # no row back: it was there
 
     def _write(self, items: Iterable[tuple[TuningRecord, dict[str, Any] | None, dict[str, Any]]]) -> int:
@@ -253,14 +297,19 @@ class SQLDatabase:
                 Record.steps_hash == steps_hash(steps_json(record.steps)),
                 Record.cache == record.cache,
             )
+            .add_columns(Record.verified)
             .with_for_update(of=Record)
         )
         with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
             row = conn.execute(q).first()
             if row is None:
                 return False
-            merged = merge_measurement(self._record(row), record)
-            conn.execute(update(Record).where(Record.id == row[0]).values(_measurement(merged)))
+            stored, verified = self._record(row[:-1]), row[-1]
+            if verified:
+                merged = merge_measurement(stored, record)
+                conn.execute(update(Record).where(Record.id == row[0]).values(_measurement(merged)))
+            elif record.error != UNKNOWN:  # an imported record's claimed timing is replaced, not averaged with ours
+                self._verify(conn, row[0], record)
         return True
 
     def import_records(
@@ -284,20 +333,72 @@ class SQLDatabase:
             for r, (b, s) in zip(records, seconds, strict=True)
         )
 
-    def import_file(self, path: str | Path) -> int:
+    def import_file(self, path: str | Path, imported_by: int | None = None) -> int:
         """Commit the records of a JSON-lines file (an `export`, or a `tune --records` file) with the provenance
         they carry; returns how many were new: importing a file twice adds nothing, and importing another team's
         export keeps every distinct record (the same schedule of a workload measured on the same host class is one
-        record: the one stored first)."""
+        record: the one stored first, whether verified or not: an import never changes a stored record).
+
+        `imported_by`: the team that imports through the service; its records are stored unverified, trusted by
+        that team alone until the farm has measured them (`unverified`, `verify`). None (`tilefarm records import
+        --database`, a file of the user's own into a database the user holds): stored verified."""
 
         def items():
             for record, line in read_record_lines(path):
                 provenance = json.loads(line).get("provenance")
                 provenance = provenance if isinstance(provenance, dict) else {}
                 host = provenance.get("host")
-                yield record, host if isinstance(host, dict) else None, {"created_by": provenance.get("created_by")}
+                extra = {"created_by": provenance.get("created_by"), "imported_by": imported_by, "imported": True}
+                yield record, host if isinstance(host, dict) else None, extra
 
         return self._write(items())
+
+    # ------------------------------------------------------------------------------------------ verification
+
+    def unverified(self, host: str, limit: int, after: int = 0) -> list[tuple[int, TuningRecord, str, str | None]]:
+        """Up to `limit` unverified records of host class `host` above id `after`, in id order, whose workload's DAG
+        is stored (the others cannot be measured yet): (id, record, the DAG as dag_json, the op tag)."""
+        q = (
+            self._select()
+            .add_columns(Workload.dag_json, Workload.op_tag)
+            .where(
+                Host.fingerprint == host, Record.verified.is_(False), Record.id > after, Workload.dag_json.is_not(None)
+            )
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.order_by(Record.id).limit(limit)).all()
+        return [(r[0], self._record(r[:-2]), r[-2], r[-1]) for r in rows]
+
+    def unverified_hosts(self) -> set[str]:
+        """The host classes that have unverified records a worker of theirs could measure (their DAG is stored)."""
+        q = (
+            select(Host.fingerprint)
+            .join(Record, Record.host_id == Host.id)
+            .join(Workload, Workload.id == Record.workload_id)
+            .where(Record.verified.is_(False), Workload.dag_json.is_not(None))
+            .distinct()
+        )
+        with self.engine.connect() as conn:
+            return set(conn.execute(q).scalars())
+
+    def verify(self, record_id: int, measured: TuningRecord, seconds: Seconds = (None, None)) -> bool:
+        """An unverified record measured by a farm worker of its host class: its costs become the measured ones (or
+        it becomes a failed record) and it is verified; False if it is not stored or verified already."""
+        with self.engine.connect().execution_options(sqlite_begin="IMMEDIATE") as conn, conn.begin():
+            return self._verify(conn, record_id, measured, seconds)
+
+    @staticmethod
+    def _verify(conn: Connection, record_id: int, measured: TuningRecord, seconds: Seconds = (None, None)) -> bool:
+        values = {
+            **_measurement(measured),
+            "timestamp": measured.timestamp,
+            "version": measured.version,
+            "verified": True,
+        }
+        if seconds != (None, None):
+            values["build_seconds"], values["run_seconds"] = seconds
+        stmt = update(Record).where(Record.id == record_id, Record.verified.is_(False)).values(values)
+        return conn.execute(stmt).rowcount == 1
 
     def describe_workloads(self, tasks: Iterable) -> None:
         """Fill in what a workload is (canonical DAG text, op tag, FLOPs, shapes) from tensor.tasks.Task objects."""
@@ -362,14 +463,17 @@ class SQLDatabase:
         cache: str | None = None,
         cross_host: bool = False,
     ) -> list[TuningRecord]:
-        """The k fastest error-free records for a workload on a target, measured on `host` (default: this machine;
-        records of any host only with cross_host=True) in cache condition `cache` (any, when None)."""
+        """The k fastest error-free records this reader trusts for a workload on a target, measured on `host`
+        (default: this machine; records of any host only with cross_host=True) in cache condition `cache` (any, when
+        None)."""
         if host is not None and cross_host:
             raise ValueError("best(): give a host or cross_host=True, not both")
         if host is None and not cross_host:
             host = this_host()
         # mean_cost is NULL exactly for records that failed or measured nothing
-        q = self._select().where(Workload.key == workload_key, TargetRow.name == target, Record.mean_cost.is_not(None))
+        q = self._select().where(
+            Workload.key == workload_key, TargetRow.name == target, Record.mean_cost.is_not(None), self._trusted()
+        )
         if host is not None:
             q = q.where(Host.fingerprint == host)
         if cache is not None:
@@ -378,19 +482,24 @@ class SQLDatabase:
             return [self._record(r) for r in conn.execute(q.order_by(Record.mean_cost, Record.id).limit(k))]
 
     def __iter__(self) -> Iterator[TuningRecord]:
-        """Every record in commit order, read in batches (each its own short query, so no long-held cursor)."""
-        return (record for _, record in self.training_records())
+        """Every record this reader trusts, in commit order, read in batches (each its own short query, so no
+        long-held cursor)."""
+        return (record for _, record in self._batches(self._trusted()))
 
     def records_of(
         self, workload_keys: Iterable[str], target: str, host: str, cache: str | None = None
     ) -> Iterator[TuningRecord]:
-        """Every record of these workloads for `target` measured on `host` (in cache condition `cache`, when given),
-        in commit order (one indexed query per batch of ids: a team database holds every other model's records
-        too)."""
+        """Every record this reader trusts of these workloads for `target` measured on `host` (in cache condition
+        `cache`, when given), in commit order (one indexed query per batch of ids: a team database holds every other
+        model's records too)."""
         keys, last = sorted(set(workload_keys)), 0
         while keys:
             q = self._select().where(
-                Workload.key.in_(keys), TargetRow.name == target, Host.fingerprint == host, Record.id > last
+                Workload.key.in_(keys),
+                TargetRow.name == target,
+                Host.fingerprint == host,
+                Record.id > last,
+                self._trusted(),
             )
             if cache is not None:
                 q = q.where(Record.cache == cache)
@@ -402,13 +511,16 @@ class SQLDatabase:
             last = rows[-1][0]
 
     def training_records(self, host: str | None = None, after: int = 0) -> Iterator[tuple[int, TuningRecord]]:
-        """(id, record) in commit order of the records measured on `host` (every host when None) whose id is above
-        `after`: a reader that keeps the last id it saw reads only what arrived since (compiler.search.transfer)."""
+        """(id, record) in commit order of the verified records measured on `host` (every host when None) whose id
+        is above `after`: a reader that keeps the last id it saw reads only what arrived since
+        (compiler.search.transfer). Verified ones only, whoever reads: a pre-trained model is cached per database,
+        for every team (an imported record verified later joins it at its next fit from scratch)."""
+        return self._batches(Record.verified.is_(True), None if host is None else Host.fingerprint == host, after=after)
+
+    def _batches(self, *where: ColumnElement[bool] | None, after: int = 0) -> Iterator[tuple[int, TuningRecord]]:
         last = after
         while True:
-            q = self._select().where(Record.id > last)
-            if host is not None:
-                q = q.where(Host.fingerprint == host)
+            q = self._select().where(Record.id > last, *(w for w in where if w is not None))
             with self.engine.connect() as conn:
                 rows = conn.execute(q.order_by(Record.id).limit(BATCH)).all()
             yield from ((r[0], self._record(r)) for r in rows)
@@ -418,7 +530,7 @@ class SQLDatabase:
 
     def count_records(self, host: str | None = None, after: int = 0) -> int:
         """How many records `training_records(host, after)` would yield."""
-        q = select(func.count()).select_from(Record).where(Record.id > after)
+        q = select(func.count()).select_from(Record).where(Record.id > after, Record.verified.is_(True))
         if host is not None:
             q = q.join(Host, Record.host_id == Host.id).where(Host.fingerprint == host)
         with self.engine.connect() as conn:
@@ -444,18 +556,21 @@ class SQLDatabase:
             return conn.execute(select(func.count()).select_from(Record)).scalar_one()
 
     def export(self, path: str | Path, best_only: bool = False) -> int:
-        """Write every record (or only the fastest per workload, target, host and cache condition), in commit order,
-        to a JSON-lines file that `import_file` takes back. Each line is a TuningRecord (a `--records` file reads it
-        too) plus its provenance: who ran it and, on the first line of each host, that host's details where known
-        (CPU model, ISA features, cores, caches, tilefarm version). Returns how many were written."""
+        """Write every record this reader trusts (or only the fastest per workload, target, host and cache
+        condition), in commit order, to a JSON-lines file that `import_file` takes back. Each line is a TuningRecord
+        (a `--records` file reads it too) plus its provenance: who ran it and, on the first line of each host, that
+        host's details where known (CPU model, ISA features, cores, caches, tilefarm version). Returns how many were
+        written."""
         hosts = self._hosts()
-        q = self._select().add_columns(Record.created_by)
+        q = self._select().add_columns(Record.created_by).where(self._trusted())
         if best_only:
             rank = func.row_number().over(
                 partition_by=(Record.workload_id, Record.target_id, Record.host_id, Record.cache),
                 order_by=(Record.mean_cost, Record.id),
             )
-            best = select(Record.id, rank.label("rank")).where(Record.mean_cost.is_not(None)).subquery()
+            best = (
+                select(Record.id, rank.label("rank")).where(Record.mean_cost.is_not(None), self._trusted()).subquery()
+            )
             q = q.join(best, best.c.id == Record.id).where(best.c.rank == 1)
         n = 0
         # one streamed query, not batches: the best-only ranking would be recomputed for every batch

@@ -357,6 +357,10 @@ class RecordOut(BaseModel):
     error_message: str
     timestamp: float
     created_by: str | None
+    # false for an imported record a farm worker of its host class has not measured yet: only the team that imported
+    # it (`imported_by`, a team id) compiles and tunes with it until then (server.trust)
+    verified: bool
+    imported_by: int | None
 
 
 class RecordPage(BaseModel):
@@ -388,8 +392,10 @@ class CoverageMatrix(BaseModel):
 class WorkloadHostOut(BaseModel):
     host: str
     records: int
-    best_latency_s: float | None
+    best_latency_s: float | None  # of the fastest record the asking team may use: verified, or its own import
     best_record_id: int | None
+    best_verified: bool | None  # false: the best is the asking team's own import, not measured by the farm yet
+    unverified: int = 0  # imported records of the host class the farm has not measured yet (any team's)
 
 
 class WorkloadOut(BaseModel):
@@ -418,10 +424,15 @@ class ScheduleOut(BaseModel):
     mean_cost: float | None
     steps: list[Any]  # the step records, ["SP", 2, 0, [8], true], ...
     loop_nest: str  # the lowered loop IR, printed
+    verified: bool  # false: imported, its timing a claim until a farm worker of its host class has measured it
+    imported_by: int | None  # the team id that imported it
 
 
 class ImportResult(BaseModel):
-    added: int
+    added: int  # new records, stored unverified (server.trust)
+    # workloads of the file with no stored DAG (no uploaded model has them): their records' steps could not be replayed
+    # nor their timings checked; the farm measures them once a model with the workload is uploaded
+    unknown_workloads: list[str] = []
 
 
 class WorkerOut(BaseModel):

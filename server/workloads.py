@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from compiler.base.errors import TilefarmError
@@ -15,6 +15,7 @@ from compiler.schedule.loopir import print_func
 from compiler.schedule.lower import lower
 from compiler.schedule.state import apply_steps, step_from_record
 from server.catalog import TARGET_ALIASES, is_alive, workload_dag
+from server.database import trusted_by
 from server.models import Host, ModelTask, Record, TargetRow, UploadedModel, WorkerRow, Workload
 from server.schemas import (
     CoverageHost,
@@ -56,7 +57,8 @@ def _host_classes(session: Session, settings: Settings) -> list[dict[str, Any]]:
 
 def coverage_matrix(session: Session, settings: Settings, team_id: int, target: str = "llvm") -> CoverageMatrix:
     """The team's models x every host class: a task is tuned on a host when it has an error-free record measured
-    there for the target. `target` is llvm (each host's own CPU: "llvm -mcpu=<its mcpu>") or a full target name."""
+    there for the target that the team may use (verified, or its own import: server.trust). `target` is llvm (each
+    host's own CPU: "llvm -mcpu=<its mcpu>") or a full target name."""
     wanted = target.strip()
     alias = wanted.lower() in TARGET_ALIASES
     if not alias and not wanted.startswith("llvm "):
@@ -73,7 +75,7 @@ def coverage_matrix(session: Session, settings: Settings, team_id: int, target: 
         select(Record.host_id, Record.target_id, ModelTask.model_id, ModelTask.position)
         .join(ModelTask, ModelTask.workload_id == Record.workload_id)
         .join(UploadedModel, UploadedModel.id == ModelTask.model_id)
-        .where(UploadedModel.team_id == team_id, Record.mean_cost.is_not(None))
+        .where(UploadedModel.team_id == team_id, Record.mean_cost.is_not(None), trusted_by(team_id))
         .group_by(Record.host_id, Record.target_id, ModelTask.model_id, ModelTask.position)
     ).all()
     column = {h["id"]: i for i, h in enumerate(hosts) if h["id"] is not None}
@@ -115,10 +117,17 @@ def coverage_matrix(session: Session, settings: Settings, team_id: int, target: 
 
 
 def browse_workloads(
-    session: Session, *, offset: int = 0, limit: int = 50, q: str | None = None, order: WorkloadOrder = "-records"
+    session: Session,
+    *,
+    offset: int = 0,
+    limit: int = 50,
+    q: str | None = None,
+    order: WorkloadOrder = "-records",
+    team_id: int | None = None,
 ) -> WorkloadPage:
-    """A page of workloads (shared by every team) with their record counts and each host class's fastest record;
-    `q` matches a substring of the op tag or the key, ignoring case."""
+    """A page of workloads (shared by every team) with their record counts and each host class's fastest record
+    that team `team_id` may use (verified, or its own import); `q` matches a substring of the op tag or the key,
+    ignoring case."""
     counts = select(Record.workload_id, func.count().label("n")).group_by(Record.workload_id).subquery()
     n = func.coalesce(counts.c.n, 0).label("records")
     where: list[ColumnElement[bool]] = []
@@ -140,7 +149,7 @@ def browse_workloads(
         .limit(limit)
         .offset(offset)
     ).all()
-    per_host = _per_host(session, [r.id for r in page])
+    per_host = _per_host(session, [r.id for r in page], team_id)
     return WorkloadPage(
         total=total,
         workloads=[
@@ -157,12 +166,14 @@ def browse_workloads(
     )
 
 
-def _per_host(session: Session, workload_ids: list[int]) -> dict[int, list[WorkloadHostOut]]:
-    """Per workload, per host class: how many records, and the fastest error-free one (two grouped queries)."""
+def _per_host(session: Session, workload_ids: list[int], team_id: int | None) -> dict[int, list[WorkloadHostOut]]:
+    """Per workload, per host class: how many records (how many unverified), and the fastest error-free one that
+    team `team_id` may use (two grouped queries)."""
     if not workload_ids:
         return {}
+    unverified = func.sum(case((Record.verified.is_(False), 1), else_=0))
     counts = session.execute(
-        select(Record.workload_id, Host.fingerprint, Host.id, func.count())
+        select(Record.workload_id, Host.fingerprint, Host.id, func.count(), unverified)
         .join(Host, Host.id == Record.host_id)
         .where(Record.workload_id.in_(workload_ids))
         .group_by(Record.workload_id, Host.fingerprint, Host.id)
@@ -174,23 +185,30 @@ def _per_host(session: Session, workload_ids: list[int]) -> dict[int, list[Workl
         .label("rank")
     )
     fastest = (
-        select(Record.id, Record.workload_id, Record.host_id, Record.mean_cost, rank)
-        .where(Record.workload_id.in_(workload_ids), Record.mean_cost.is_not(None))
+        select(Record.id, Record.workload_id, Record.host_id, Record.mean_cost, Record.verified, rank)
+        .where(Record.workload_id.in_(workload_ids), Record.mean_cost.is_not(None), trusted_by(team_id))
         .subquery()
     )
     best = {
-        (w, h): (i, cost)
-        for i, w, h, cost in session.execute(
-            select(fastest.c.id, fastest.c.workload_id, fastest.c.host_id, fastest.c.mean_cost).where(
-                fastest.c.rank == 1
-            )
+        (w, h): (i, cost, verified)
+        for i, w, h, cost, verified in session.execute(
+            select(
+                fastest.c.id, fastest.c.workload_id, fastest.c.host_id, fastest.c.mean_cost, fastest.c.verified
+            ).where(fastest.c.rank == 1)
         )
     }
     out: dict[int, list[WorkloadHostOut]] = {}
-    for workload_id, fingerprint, host_id, n in counts:
-        record_id, cost = best.get((workload_id, host_id), (None, None))
+    for workload_id, fingerprint, host_id, n, n_unverified in counts:
+        record_id, cost, verified = best.get((workload_id, host_id), (None, None, None))
         out.setdefault(workload_id, []).append(
-            WorkloadHostOut(host=fingerprint, records=n, best_latency_s=cost, best_record_id=record_id)
+            WorkloadHostOut(
+                host=fingerprint,
+                records=n,
+                best_latency_s=cost,
+                best_record_id=record_id,
+                best_verified=verified,
+                unverified=n_unverified or 0,
+            )
         )
     return out
 
@@ -211,6 +229,8 @@ def record_schedule(session: Session, record_id: int) -> ScheduleOut:
             Workload.dag_json,
             Host.fingerprint,
             TargetRow.name,
+            Record.verified,
+            Record.imported_by,
         )  # fmt: skip
         .join(Workload, Workload.id == Record.workload_id)
         .join(Host, Host.id == Record.host_id)
@@ -245,4 +265,6 @@ def record_schedule(session: Session, record_id: int) -> ScheduleOut:
         mean_cost=row.mean_cost,
         steps=steps,
         loop_nest=loop_nest,
+        verified=row.verified,
+        imported_by=row.imported_by,
     )

@@ -354,9 +354,15 @@ def test_schedule_of_a_searched_program_and_of_records_that_do_not_replay(client
         fields = {"workload_key": key, "target": target_name(here), "host": here.fingerprint(), "steps": steps}
         return json.dumps({**fields, "costs": [cost]}) + "\n"
 
-    body = line(conv["workload_key"], steps, 1e-4) + line(conv["workload_key"], [["SP", 99, 0, [4], True]], 2e-4)
-    body += line("f" * 32, steps, 3e-4)  # a workload no model describes: only its key is known
-    assert client.post(f"{API}/records/import", content=body).json() == {"added": 3}
+    stale = line(conv["workload_key"], [["SP", 99, 0, [4], True]], 2e-4)
+    r = client.post(f"{API}/records/import", content=stale)  # an import whose steps do not replay is refused ...
+    assert "line 1" in r.text and "do not replay" in r.text and r.status_code == 422
+    known = {"added": 1, "unknown_workloads": []}
+    assert client.post(f"{API}/records/import", content=line(conv["workload_key"], steps, 1e-4)).json() == known
+    with SQLDatabase(settings.database_url) as db:  # ... but a record of another tilefarm version may be stored
+        assert db.commit(TuningRecord.from_json(stale))
+    unknown = line("f" * 32, steps, 3e-4)  # a workload no model describes: only its key is known
+    assert client.post(f"{API}/records/import", content=unknown).json() == {"added": 1, "unknown_workloads": ["f" * 32]}
     ids = [r["id"] for r in client.get(f"{API}/records", params={"limit": 3}).json()["records"]]
 
     got = client.get(f"{API}/records/{ids[0]}/schedule").json()

@@ -18,6 +18,7 @@ SEARCH_QUEUE = "search"
 SEARCH_JOB = "tilefarm.search_job"
 MEASURE_BATCH = "tilefarm.measure_batch"
 COMPILE_ARTIFACT = "tilefarm.compile_artifact"
+VERIFY_RECORDS = "tilefarm.verify_records"  # re-measure imported records (server.trust)
 
 
 def measure_queue(fingerprint: str, kind: str = "cpu") -> str:

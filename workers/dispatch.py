@@ -9,7 +9,7 @@ import functools
 from celery import Celery
 
 from server.settings import Settings
-from workers.celery_app import COMPILE_ARTIFACT, SEARCH_JOB, SEARCH_QUEUE, make_celery
+from workers.celery_app import COMPILE_ARTIFACT, SEARCH_JOB, SEARCH_QUEUE, VERIFY_RECORDS, make_celery
 
 
 @functools.cache
@@ -25,3 +25,9 @@ def enqueue_job(settings: Settings, job_id: int, attempt: int) -> str:
 def enqueue_compile(settings: Settings, artifact_id: int, queue: str) -> str:
     """Queue the build of artifact `artifact_id` on a worker of its host class (`queue`: measure.<kind>.<fp>)."""
     return _app(settings).send_task(COMPILE_ARTIFACT, args=(artifact_id,), queue=queue).id
+
+
+def enqueue_verify(settings: Settings, host: str, queue: str, after: int = 0) -> str:
+    """Queue the re-measuring of host class `host`'s unverified records above id `after` on its measure queue
+    (`queue`: measure.<kind>.<fp>); see workers.tasks.verify_records."""
+    return _app(settings).send_task(VERIFY_RECORDS, args=(host, after), queue=queue).id

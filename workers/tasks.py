@@ -11,14 +11,16 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from celery.signals import worker_shutdown
+from celery.signals import celeryd_after_setup, worker_shutdown
 
 from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
 from compiler.costs.measure import INSTANTIATION, UNKNOWN, MeasureInput, MeasureResult, measure, to_record
+from compiler.costs.records import COLD_WEIGHTS, FLUSHED, VERSION, TuningRecord
 from compiler.schedule.state import step_from_record
 from compiler.targets import host_target
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
@@ -26,10 +28,12 @@ from compiler.tensor import dag_json
 from compiler.tensor.tasks import Task
 from server.catalog import records_db
 from server.database import SQLDatabase
+from server.models import ArtifactRow, Job
 from server.settings import Settings
+from server.trust import team_of
 from workers import heartbeat, progress
-from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, make_celery
-from workers.dispatch import enqueue_job
+from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, VERIFY_RECORDS, make_celery, measure_queue
+from workers.dispatch import enqueue_job, enqueue_verify
 from workers.farm import FarmBuilder, FarmRunner, JobInterrupted, RunnerOptions
 
 log = logging.getLogger("tilefarm.workers")
@@ -179,7 +183,9 @@ def compile_artifact(artifact_id: int) -> str:
         path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
         graph = load(job.model_path, job.input_shapes)
         with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
-            info = build(graph, partial, name=_c_name(job.model_name), records=records_db(settings.database_url))
+            # the best records its team may use: verified ones, and the team's own imports (server.trust)
+            records = records_db(settings.database_url).trusting(team_of(settings, ArtifactRow, artifact_id))
+            info = build(graph, partial, name=_c_name(job.model_name), records=records)
         os.replace(partial, path)  # never a half-written artifact under its final name
         data = path.read_bytes()
         progress.artifact_ready(
@@ -322,7 +328,8 @@ def _search(claim: progress.Claim) -> None:
     plan = tuning_plan(load(claim.model_path, claim.input_shapes))
     tasks = plan.all_tasks
     positions = {t.key: i for i, t in enumerate(tasks)}
-    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id)
+    team = team_of(settings, Job, claim.job_id)  # its own imports are trusted by its search too (server.trust)
+    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id, team_id=team)
     try:
         db.describe_workloads(tasks)
         progress.ensure_model_tasks(settings, claim.model_id, tasks)
@@ -368,3 +375,82 @@ def _search(claim: progress.Claim) -> None:
         report.write(sched, point=False, check=False)  # end_job settles a cancel that came after the last round
     finally:
         db.close()
+
+
+# ---------------------------------------------------------------------------------------------- verify imports
+
+VERIFY_BATCH = 16  # imported records one verify_records message re-measures; then it queues the next batch
+
+
+@app.task(name=VERIFY_RECORDS, ignore_result=True)
+def verify_records(host: str, after: int = 0) -> int:
+    """Re-measure the imported (unverified) records of host class `host`, VERIFY_BATCH of them above id `after`, the
+    way measure_batch measures a job's candidates: each becomes verified with the measured costs, or a failed record
+    when its schedule does not replay, build or run (an "unknown" failure, the measurer's own, leaves it unverified
+    for the next sweep); then the next batch is queued. Returns how many were verified."""
+    here = host_target()
+    if here.fingerprint() != host:  # its timings would not be valid for `host`
+        return 0
+    db = records_db(settings.database_url)
+    batch = db.unverified(host, VERIFY_BATCH, after)
+    groups: dict[tuple[str, str], list[tuple[int, TuningRecord, str, str | None]]] = {}
+    for item in batch:
+        groups.setdefault((item[1].workload_key, item[1].cache), []).append(item)
+    verified = 0
+    with MEASURE_LOCK:
+        for items in groups.values():
+            verified += _verify_group(db, items)
+    if len(batch) == VERIFY_BATCH:
+        enqueue_verify(settings, host, measure_queue(host, here.kind), batch[-1][0])
+    return verified
+
+
+def _verify_group(db: SQLDatabase, items: list[tuple[int, TuningRecord, str, str | None]]) -> int:
+    """Measure unverified records of one workload and cache condition, and store what came out."""
+    _, first, dag_text, op_tag = items[0]
+    try:
+        dag = dag_json.from_json(dag_text, first.workload_key)
+    except dag_json.DAGFormatError:  # stored by a tilefarm with other DAG rules: not measurable here
+        return 0
+    # which inputs are the model's weights is not stored with a workload: a cold-weights record is timed with every
+    # input cold, which can only come out slower than what it claimed
+    constants = tuple(range(len(dag.inputs))) if first.cache == COLD_WEIGHTS else ()
+    task = Task(first.workload_key, dag, op_tag or "imported", constants=constants)
+    options = RunnerOptions(cache_flush=first.cache == FLUSHED, cold_constants=first.cache == COLD_WEIGHTS)
+    todo, outcomes = [], []
+    for record_id, record, _, _ in items:
+        try:
+            todo.append((record_id, record, MeasureInput(task, tuple(step_from_record(s) for s in record.steps))))
+        except (TilefarmError, ValueError, TypeError) as e:  # steps this version cannot read
+            failed = MeasureResult((), INSTANTIATION, str(e), 0.0, 0.0, cache=options.cache)
+            outcomes.append((record_id, record, failed))
+    measured = measure([inp for _, _, inp in todo], _builder(options), _runner(options)) if todo else []
+    outcomes += [(record_id, record, r) for (record_id, record, _), r in zip(todo, measured)]
+    verified = 0
+    for record_id, record, r in outcomes:
+        if r.error == UNKNOWN:
+            continue
+        measured_record = replace(
+            record, costs=r.costs, error=r.error, error_message=r.message, timestamp=r.timestamp, version=VERSION
+        )
+        verified += db.verify(record_id, measured_record, (r.build_seconds, r.run_seconds))
+    return verified
+
+
+def _verify_on_start(sender=None, instance=None, **_) -> None:
+    """A measuring worker that comes up asks for its host class's unverified records to be re-measured: those
+    imported while no worker of the class was alive, or whose workload became known since (server.trust)."""
+    if instance is None or instance.app is not app:
+        return
+    here = host_target()
+    queue = measure_queue(here.fingerprint(), here.kind)
+    if queue not in instance.app.amqp.queues.consume_from:
+        return
+    try:
+        if here.fingerprint() in records_db(settings.database_url).unverified_hosts():
+            enqueue_verify(settings, here.fingerprint(), queue)
+    except Exception:  # the next import, upload or start asks again
+        log.exception("could not queue the re-measuring of imported records")
+
+
+celeryd_after_setup.connect(_verify_on_start)

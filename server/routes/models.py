@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from server import archive, catalog, storage, workloads
+from server import archive, catalog, storage, trust, workloads
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.params import Id
 from server.schemas import (
@@ -87,6 +87,8 @@ async def upload_model(
         storage.discard(upload.file)
     if duplicate:
         response.status_code = status.HTTP_200_OK
+    else:  # its workloads are known now: records imported for them before can be measured (server.trust)
+        await run_in_threadpool(trust.request_verification, settings)
     return UploadedModelOut(**model.model_dump(), duplicate=duplicate)
 
 

@@ -13,9 +13,10 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from compiler.costs.records import RecordError, TuningRecord
-from server import storage, workloads
-from server.auth import SessionDep, SettingsDep, current_team, require_admin
+from server import storage, trust, workloads
+from server.auth import CurrentTeam, SessionDep, SettingsDep, current_team, require_admin
 from server.catalog import records_db
+from server.db import session_scope
 from server.models import Host, Record, TargetRow, Workload
 from server.params import Id, Offset
 from server.schemas import (
@@ -85,6 +86,8 @@ def list_records(
         Record.error_message,
         Record.timestamp,
         Record.created_by,
+        Record.verified,
+        Record.imported_by,
     )
     rows = session.execute(q.order_by(Record.id).limit(limit).offset(offset))
     return RecordPage(
@@ -102,8 +105,10 @@ def list_records(
                 error_message=message,
                 timestamp=timestamp,
                 created_by=by,
+                verified=verified,
+                imported_by=imported_by,
             )
-            for i, key, target, fp, mean, cache, costs, error, message, timestamp, by in rows
+            for i, key, target, fp, mean, cache, costs, error, message, timestamp, by, verified, imported_by in rows
         ],
     )
 
@@ -111,13 +116,15 @@ def list_records(
 @router.get("/records/workloads")
 def browse_workloads(
     session: SessionDep,
+    who: CurrentTeam,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     q: Annotated[str | None, Query(max_length=200, description="a substring of the op tag or workload key")] = None,
     order: Annotated[WorkloadOrder, Query(description="records, -records (most first), flops or -flops")] = "-records",
 ) -> WorkloadPage:
-    """Workloads with their record counts and, per host class, the number of records and the fastest one."""
-    return workloads.browse_workloads(session, offset=offset, limit=limit, q=q, order=order)
+    """Workloads with their record counts and, per host class, the number of records (and of unverified ones) and
+    the fastest one the team may use."""
+    return workloads.browse_workloads(session, offset=offset, limit=limit, q=q, order=order, team_id=who.team_id)
 
 
 @router.get("/records/{record_id}/schedule", responses=error_responses(404))
@@ -132,11 +139,12 @@ def record_schedule(record_id: Id, session: SessionDep) -> ScheduleOut:
     response_class=FileResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSON lines"}},
 )
-def export_records(settings: SettingsDep, best_only: bool = False) -> FileResponse:
-    """Every record (or the fastest per workload, target and host) as the JSON lines `records import` reads."""
+def export_records(settings: SettingsDep, who: CurrentTeam, best_only: bool = False) -> FileResponse:
+    """Every record the team may use (verified, or imported by it: server.trust), or the fastest of them per
+    workload, target and host, as the JSON lines `records import` reads."""
     path = storage.scratch_path(settings, ".jsonl")
     try:
-        records_db(settings.database_url).export(path, best_only)
+        records_db(settings.database_url).trusting(who.team_id).export(path, best_only)
     except BaseException:
         storage.delete(path)
         raise
@@ -148,9 +156,11 @@ def export_records(settings: SettingsDep, best_only: bool = False) -> FileRespon
     )
 
 
-def check_records_file(path: Path) -> None:
-    """Read every line before importing any: a malformed one is refused with its line number, and nothing added
-    (the import commits in batches, so a bad line found midway would leave the batches before it)."""
+def check_records_file(path: Path, check: trust.ImportCheck | None = None) -> None:
+    """Read every line before importing any: a malformed one (or, with `check`, one that fails server.trust's
+    checks: steps that do not replay, a timing faster than the hardware, a malformed host or target) is refused with
+    its line number, and nothing added (the import commits in batches, so a bad line found midway would leave the
+    batches before it)."""
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -172,13 +182,19 @@ def check_records_file(path: Path) -> None:
                 value = getattr(record, name)
                 if not isinstance(value, str | None) or len(value or "") > chars:
                     problem = f"{name} is not a string of at most {chars} characters"
+            if problem is None and check is not None:
+                problem = check.problem(record)
             if problem:
                 raise Invalid(f"line {n}: {problem}", code="invalid_records")
 
 
-def _import(settings: Settings, path: Path) -> int:
-    check_records_file(path)
-    return records_db(settings.database_url).import_file(path)
+def _import(settings: Settings, path: Path, team_id: int) -> ImportResult:
+    with session_scope(settings, write=False) as session:
+        check = trust.ImportCheck(session, settings)
+        check_records_file(path, check)
+    added = records_db(settings.database_url).import_file(path, imported_by=team_id)
+    trust.request_verification(settings)  # the farm measures them (workers.tasks.verify_records)
+    return ImportResult(added=added, unknown_workloads=sorted(check.unknown))
 
 
 @router.post(
@@ -187,9 +203,12 @@ def _import(settings: Settings, path: Path) -> int:
     responses=error_responses(403, 413),
     dependencies=[Depends(require_admin)],  # records are shared by every team: an admin token adds to them
 )
-async def import_records(request: Request, settings: SettingsDep) -> ImportResult:
+async def import_records(request: Request, settings: SettingsDep, who: CurrentTeam) -> ImportResult:
     """Add the records of a JSON-lines file (the request body, or a multipart `file` part); returns how many were
-    new. Records already stored are skipped, so importing a file twice adds nothing."""
+    new, and the workloads no uploaded model describes. Records already stored are skipped, so importing a file twice
+    adds nothing. Every line is checked first (server.trust.ImportCheck: 422 naming the first bad line, nothing
+    added); the new records are stored unverified, used by this team's compiles alone until a farm worker of their
+    host class has measured them."""
     limit = settings.max_upload_bytes
     storage.check_length(request.headers, limit)
     content_type = request.headers.get("content-type", "")
@@ -198,7 +217,6 @@ async def import_records(request: Request, settings: SettingsDep) -> ImportResul
     else:
         stored = await storage.save_stream(settings, request.stream(), limit)
     try:
-        added = await run_in_threadpool(_import, settings, stored.path)
+        return await run_in_threadpool(_import, settings, stored.path, who.team_id)
     finally:
         storage.discard(stored)
-    return ImportResult(added=added)

@@ -1,11 +1,14 @@
 // The records every team shares, by workload: op tag, shapes, FLOP, how many records, the best latency per host
 // class; a click prints the workload's best schedule as a loop nest. Export saves them all as JSON lines.
+// An imported record is "unverified" until a farm worker of its host class has measured it (server/trust.py): its
+// timing is the importer's claim, and only the importing team's compiles use it. The host lists count them, and a
+// best that is one (the team's own import) is marked so.
 
 import {download, get} from "../api.js";
 import {field, h, message, replace, section} from "../dom.js";
 import {count, flops, latency, shortHost} from "../format.js";
 import {Pager, Table} from "../table.js";
-import {actionButton, errorText, fail, pageHeader, show, slot} from "../ui.js";
+import {actionButton, badge, errorText, fail, pageHeader, show, slot} from "../ui.js";
 
 export const title = "Records";
 const POLL_MS = 3000;
@@ -28,9 +31,18 @@ function fastest(workload) {
   return timed.sort((a, b) => a.best_latency_s - b.best_latency_s)[0] || null;
 }
 
+/** "unverified": an imported record (or records) whose timing the farm has not measured yet. */
+function unverifiedBadge(title) {
+  return h("span", {title}, badge("unverified"));
+}
+
 function hostsCell(workload, choose) {
   return h("ul", {class: "plain hosts"}, workload.hosts.map((x) => h("li", {},
-    h("span", {title: x.host}, shortHost(x.host)), `: ${count(x.records)} records, best ${latency(x.best_latency_s)} `,
+    h("span", {title: x.host}, shortHost(x.host)), `: ${count(x.records)} records`,
+    x.unverified ? h("span", {class: "muted", title: "imported records the farm has not measured yet: their " +
+      "timings are claims, used only by the team that imported them"}, ` (${count(x.unverified)} unverified)`) : null,
+    `, best ${latency(x.best_latency_s)} `,
+    x.best_verified === false ? unverifiedBadge("your team's import, not measured by the farm yet") : null,
     x.best_record_id !== null && x.best_record_id !== undefined
       ? h("button", {type: "button", class: "small", "aria-label": `Schedule of ${workload.op_tag} on ${shortHost(x.host)}`,
         onclick: () => choose(workload, x)}, "schedule")
@@ -44,6 +56,8 @@ function scheduleView(workload, host, schedule) {
       h("dt", {}, "Workload"), h("dd", {}, h("code", {}, schedule.workload_key)),
       h("dt", {}, "Host"), h("dd", {title: schedule.host}, shortHost(schedule.host)),
       h("dt", {}, "Latency"), h("dd", {}, latency(schedule.mean_cost)),
+      h("dt", {}, "Measured by"), h("dd", {}, schedule.verified ? "the farm"
+        : [unverifiedBadge("the importer's claim"), " imported, not measured by the farm yet"]),
       h("dt", {}, "Steps"), h("dd", {}, String(schedule.steps.length))),
     h("pre", {class: "loop-nest", "aria-label": "Loop nest"}, schedule.loop_nest),
   ];
