@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -140,15 +141,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile an ONNX model into an artifact (.tar) runnable from Python or C."""
     from compiler.artifact.build import build
     from compiler.tensor.tasks import kernel_calls
+    from tilefarm.progress import Phases
 
     target = _check_target(args.target)
     _print_feature_edits()
     t = time.perf_counter()
-    graph = _load_model(args.model, args.input_shapes, args.model_format)
-    name = Path(args.output).stem.replace("-", "_") or "model"
-    info = build(
-        graph, args.output, name=name, records=_records_source(args), disabled_passes=args.disable_pass, target=target
-    )
+    records = _records_source(args)
+    with Phases() as phase:
+        phase("import the model")
+        graph = _load_model(args.model, args.input_shapes, args.model_format)
+        name = Path(args.output).stem.replace("-", "_") or "model"
+        info = build(
+            graph, args.output, name=name, records=records, disabled_passes=args.disable_pass, on_phase=phase,
+            target=target,
+        )  # fmt: skip
     print(
         f"compiled {args.model} -> {args.output}: {len(info.tasks)} tasks ({len(info.records_used)} from records), "
         f"{len(kernel_calls(info.calls))} kernel calls, {time.perf_counter() - t:.1f} s"
@@ -185,6 +191,7 @@ def _records_source(args: argparse.Namespace):
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an artifact on inputs from an .npz file (random inputs if none), optionally timing it."""
     from compiler.artifact.runtime import Artifact
+    from tilefarm.driver import fill_inputs, format_times, save_outputs, time_runs, top_results
 
     if Path(args.artifact).suffix.lower() == ".onnx":
         raise SystemExit(
@@ -192,23 +199,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"tilefarm compile {args.artifact} -o {Path(args.artifact).with_suffix('.tar')}"
         )
     art = Artifact.load(args.artifact)
-    if args.inputs:
-        inputs = _read_inputs(args.inputs, art.meta["inputs"])
-    else:
-        rng = np.random.default_rng(0)
-        inputs = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in art.meta["inputs"]}
+    given = _read_inputs(args.inputs, art.meta["inputs"]) if args.inputs else {}
+    inputs = fill_inputs(art.meta["inputs"], given, args.fill_mode)
+    filled = [name for name in inputs if name not in given]
+    if args.inputs and filled:
+        print(f"not in {args.inputs}, filled with {args.fill_mode} values (--fill-mode): {', '.join(filled)}")
     outputs = art.run(inputs)
     for name, a in outputs.items():
         summary = f"mean {float(np.mean(a)):.6g}  max {float(np.max(a)):.6g}" if a.size else "(no elements)"
         print(f"{name}: {a.dtype}{list(a.shape)}  {summary}")
+    if args.print_top:
+        print(top_results(outputs, args.print_top))
     if args.output:
-        np.savez(args.output, **outputs)
-    if args.repeat:
-        times = []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            art.run(inputs)
-            times.append(time.perf_counter() - t)
+        save_outputs(args.output, outputs)
+    if args.print_time:
+        print(format_times(time_runs(art, inputs, max(args.repeat, 1), args.number)))
+    elif args.repeat:
+        times = time_runs(art, inputs, args.repeat, args.number)
         print(f"median latency {statistics.median(times) * 1e3:.3f} ms over {args.repeat} runs")
     if args.profile:
         rows = art.profile(inputs)
@@ -237,6 +244,11 @@ def _read_inputs(path: str, specs: list[dict]) -> dict[str, np.ndarray]:
         raise SystemExit(
             f"error: cannot read inputs {path!r} (an .npz with one array per input, or an .npy): {e}"
         ) from None
+    unknown = sorted(set(inputs) - set(names))
+    if unknown:  # a misnamed input would otherwise run on filled values, and its data be ignored
+        raise SystemExit(
+            f"error: {path} holds {', '.join(unknown)}, not inputs of the model (it takes {', '.join(names)})"
+        )
     for spec in specs:
         a = inputs.get(spec["name"])
         if a is not None and a.dtype != np.dtype(spec["dtype"]):
@@ -331,6 +343,7 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     from compiler.costs.records import JSONLinesDatabase
     from compiler.search.task_scheduler import TaskScheduler
     from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+    from tilefarm.progress import TuneProgress, budget_note, estimate_line
 
     target = _check_target(getattr(args, "target", "llvm"), runs_here=True)  # tune-kernel has no --target
     if args.database:
@@ -339,42 +352,42 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     else:
         db = JSONLinesDatabase(args.records)
     where = args.records or str(db)
-    rounds = [0]
-
-    def live(s: TaskScheduler) -> None:
-        rounds[0] += 1
-        if sys.stdout.isatty() or rounds[0] % 10 == 0:
-            print(s.table(), flush=True)
-        else:
-            print(
-                f"round {rounds[0]}: {s.stats.trials} trials, estimated latency {s.estimated_latency * 1e3:.3f} ms",
-                flush=True,
-            )
-
+    if args.tuning_records:
+        _take_prior(db, args, where)
+    progress = TuneProgress(args.trials, args.time_budget)
     model = _cost_model(args, db if args.database else None)
     with (
         LocalBuilder(target=target) as builder,
         LocalRunner(
             repeat=args.repeat,
+            number=args.number,
+            min_repeat_ms=args.min_repeat_ms,
+            timeout=args.timeout,
             threads=args.threads,
             cache_flush=args.cache_flush,
             cold_constants=args.weights == "cold",
         ) as runner,
     ):
         sched = TaskScheduler(
-            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=live, choices=choices,
-            target=target,
+            tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=progress,
+            choices=choices, target=target,
         )  # fmt: skip
         if args.resume:
             loaded = bool(args.model_file) and Path(args.model_file).exists()
             print(f"resumed {sched.resume(train=not loaded)} records from {where}")
-        sched.run()
+        note = budget_note(sched.first_round_trials(), [p.task.weight for p in sched.progress], args.trials)
+        if note and not args.time_budget:
+            print(note, flush=True)
+        with progress:
+            sched.run()
     print(sched.table())
     st = sched.stats
     shares = ", ".join(f"{k} {v:.0%}" for k, v in st.shares().items())
     errors = ", ".join(f"{k} {v}" for k, v in sorted(st.errors.items())) or "none"
     retimed = f"; the fastest timed {st.retimed} more times at the end" if st.retimed else ""
     print(f"{st.trials} trials in {st.wall_s:.1f} s ({shares}); errors: {errors}{retimed}; records: {where}")
+    if not math.isfinite(sched.estimated_latency):
+        print(estimate_line(sched, args.trials, args.time_budget))
     if args.model_file and hasattr(model, "save"):
         model.save(args.model_file)
         print(f"cost model saved to {args.model_file}")
@@ -383,6 +396,23 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _take_prior(db, args: argparse.Namespace, where: str) -> None:
+    """tvmc's `tune --tuning-records PRIOR`: the prior file's records join those of the output (a record held already
+    is skipped, so the output alone gives compile the best of both), and tuning resumes from them: no program of
+    theirs is measured again, and the cost model starts trained on them."""
+    from compiler.costs.records import read_records
+
+    prior = Path(args.tuning_records)
+    if not prior.exists():
+        raise SystemExit(f"error: no such records file: {prior}")
+    if args.records and prior.resolve() == Path(args.records).resolve():
+        added = 0
+    else:
+        added = db.import_file(prior) if args.database else db.import_records(read_records(prior))
+    print(f"prior records {prior}: {added} new to {where}; tuning resumes from them")
+    args.resume = True
 
 
 def _cost_model(args: argparse.Namespace, database=None):
@@ -417,15 +447,20 @@ def _print_feature_edits() -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune every task of an ONNX model; records go to a JSON-lines file that `compile --records` uses."""
-    from compiler.search.task_scheduler import refuse_unguarded_main, weights_timed_cold
+    from compiler.search.task_scheduler import refuse_unguarded_main
 
     refuse_unguarded_main()  # before the model's summary, which a worker importing the script would print again
+    return tune_graph(_load_model(args.model, args.input_shapes, args.model_format), args.model, args)
+
+
+def tune_graph(graph, label: str, args: argparse.Namespace) -> int:
+    """Tune a loaded model (`label` names it in what is printed) with the options of `tilefarm tune`."""
+    from compiler.search.task_scheduler import weights_timed_cold
     from compiler.tensor.tasks import FORM_MARGIN, constant_bytes, kernel_calls, tuning_plan, weights_arrive_cold
 
-    plan = tuning_plan(
-        _load_model(args.model, args.input_shapes, args.model_format), args.disable_pass, args.conv_forms
-    )
-    print(f"{args.model}: {len(plan.tasks)} tasks, {len(kernel_calls(plan.calls))} kernel calls")
+    _check_target(args.target, runs_here=True)
+    plan = tuning_plan(graph, args.disable_pass, args.conv_forms)
+    print(f"{label}: {len(plan.tasks)} tasks, {len(kernel_calls(plan.calls))} kernel calls")
     _print_feature_edits()
     if plan.choices:
         print(
@@ -522,14 +557,9 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `tilefarm` command's parser: tilefarm's own options and, beside them, tvmc's (docs/tvmc.md)."""
     from compiler.search.task_scheduler import TRIALS_PER_TASK
-
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:  # the worker's options are its own (workers/worker.py), --help included
-        from workers.worker import main as worker_main
-
-        return worker_main(argv[1:])
     from tilefarm.remote import add_remote_parser
     from tilefarm.serve import add_serve_parser
 
@@ -551,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--target", default="llvm", help="code generation target (this host's CPU: llvm)")
     rec = c.add_mutually_exclusive_group()
     rec.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
+    rec.add_argument("--tuning-records", dest="records", metavar="RECORDS", help="tvmc's name for --records")
     rec.add_argument("--database", metavar="URL", help="take the records from this SQL database instead")
     c.add_argument("-o", "--output", required=True, help="artifact path (.tar)")
     _model_format_option(c)
@@ -558,8 +589,31 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("artifact")
     r.add_argument("--inputs", help=".npz with one array per model input, or .npy for one input (default: random)")
-    r.add_argument("-o", "--output", help="write outputs to this .npz")
-    r.add_argument("--repeat", type=_at_least(0), default=0, help="time this many runs and print the median")
+    r.add_argument("-o", "--output", "--outputs", help="write outputs to this .npz (each also as tvmc's output_<i>)")
+    r.add_argument(
+        "--repeat",
+        type=_at_least(0),
+        default=0,
+        help="time this many runs and print the median (with --print-time: tvmc's summary of them)",
+    )
+    r.add_argument("--number", type=_at_least(1), default=1, help="each timing is the mean of this many runs")
+    r.add_argument(
+        "--print-time", action="store_true", help="print tvmc's timing summary: mean, median, max, min, std in ms"
+    )
+    r.add_argument("--print-top", type=_at_least(1), metavar="N", help="print each output's N largest values")
+    r.add_argument(
+        "--fill-mode",
+        choices=["random", "zeros", "ones"],
+        default="random",
+        help="inputs not given by --inputs: random (seeded), zeros or ones",
+    )
+    r.add_argument("--device", choices=["cpu"], default="cpu", help="where it runs: an artifact runs on this CPU")
+    r.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="tvmc: time the inputs' transfer too; an artifact's inputs are in host memory, so every timing counts "
+        "the whole call anyway",
+    )
     r.add_argument("--profile", action="store_true", help="time every kernel call")
     i = sub.add_parser("inspect", help=cmd_inspect.__doc__)
     i.add_argument("model")
@@ -602,7 +656,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         dest = t.add_mutually_exclusive_group(required=True)
         dest.add_argument("--records", help="JSON-lines records file (appended to)")
+        dest.add_argument(
+            "-o", "--output", dest="records", metavar="RECORDS", help="tvmc's --records (.json: JSON lines)"
+        )
         dest.add_argument("--database", metavar="URL", help="SQL database (sqlite:///file, postgresql://...)")
+        t.add_argument(
+            "--tuning-records",
+            metavar="PRIOR",
+            help="earlier records to start from (tvmc's option): they join the output's and tuning resumes from them",
+        )
+        t.add_argument(
+            "--enable-autoscheduler",
+            action="store_true",
+            help="accepted for tvmc's command lines: the auto-scheduler is tilefarm's only tuner",
+        )
         t.add_argument(
             "--resume",
             action="store_true",
@@ -625,6 +692,13 @@ def main(argv: list[str] | None = None) -> int:
             "on more than one lucky timing (0: off)",
         )
         t.add_argument("--repeat", type=_at_least(1), default=1, help="timed repeats per program (of >= 100 ms each)")
+        t.add_argument("--number", type=_at_least(1), default=3, help="calls per timed repeat, at the least")
+        t.add_argument(
+            "--min-repeat-ms", type=_at_least(0), default=100, help="calls per repeat until they take this many ms"
+        )
+        t.add_argument(
+            "--timeout", type=_at_least(1), default=10, help="seconds one program's measurement may take at most"
+        )
         t.add_argument(
             "--cache-flush",
             action="store_true",
@@ -671,7 +745,16 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
     add_remote_parser(sub)
     sub.add_parser("worker", help="start a measurement-farm worker (Celery); see tilefarm worker --help")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:  # the worker's options are its own (workers/worker.py), --help included
+        from workers.worker import main as worker_main
+
+        return worker_main(argv[1:])
+    args = build_parser().parse_args(argv)
     commands = {
         "kernel": cmd_kernel,
         "compile": cmd_compile,

@@ -246,10 +246,12 @@ class Client:
                 raise RemoteError(f"artifact {artifact_id} is still {art['state']} after {timeout_s:.0f} s")
             time.sleep(poll_s)
 
-    def download(self, artifact_id: int, path: str | Path) -> dict:
+    def download(
+        self, artifact_id: int, path: str | Path, progress: Callable[[int, int | None], None] | None = None
+    ) -> dict:
         """Write an artifact's .tar to `path`; the bytes written must match the server's X-Checksum-SHA256, else they
-        are deleted (`path` is only replaced by a download that matched) and RemoteError raised. Returns {path, sha256,
-        size_bytes}."""
+        are deleted (`path` is only replaced by a download that matched) and RemoteError raised. `progress` is called
+        with (bytes so far, total bytes or None) as they arrive. Returns {path, sha256, size_bytes}."""
         path = Path(path)
         part = path.with_name(path.name + ".part")
         digest, size = hashlib.sha256(), 0
@@ -259,11 +261,14 @@ class Client:
                     r.read()
                     raise _error(r)
                 want = r.headers.get("X-Checksum-SHA256", "").lower()
+                total = int(r.headers["Content-Length"]) if r.headers.get("Content-Length", "").isdigit() else None
                 with part.open("wb") as f:
                     for chunk in r.iter_bytes():
                         f.write(chunk)
                         digest.update(chunk)
                         size += len(chunk)
+                        if progress is not None:
+                            progress(size, total)
         except httpx.TransportError as e:
             part.unlink(missing_ok=True)
             raise RemoteError(f"download of artifact {artifact_id} from {self.server} broke off: {e}") from None
@@ -468,15 +473,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if art["state"] != "ready":
             return 1
         if args.output:
-            got = c.download(art["id"], args.output)
+            from tilefarm.progress import download_progress
+
+            with download_progress(f"artifact {art['id']}") as progress:
+                got = c.download(art["id"], args.output, progress)
             print(f"downloaded {got['path']} ({got['size_bytes']} bytes, sha256 verified)")
     return 0
 
 
 def cmd_download(args: argparse.Namespace) -> int:
     """Download a ready artifact (.tar), verifying its sha256."""
-    with _client(args) as c:
-        got = c.download(args.artifact_id, args.output)
+    from tilefarm.progress import download_progress
+
+    with _client(args) as c, download_progress(f"artifact {args.artifact_id}") as progress:
+        got = c.download(args.artifact_id, args.output, progress)
     print(f"downloaded artifact {args.artifact_id} -> {got['path']} ({got['size_bytes']} bytes, sha256 verified)")
     return 0
 

@@ -9,7 +9,7 @@ import json
 import tarfile
 import tempfile
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,19 +148,24 @@ def build(
     records: Database | None = None,
     disabled_passes: Collection[str] = (),
     target: Target | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> BuildInfo:
     """Compile `graph` into the artifact at `path` (a .tar) for `target` (default: this host), applying the best record
     per task from `records`; `disabled_passes` (of optimize.OPTIONAL_PASSES) are left out, as they were when the records
-    were tuned."""
+    were tuned. `on_phase` is called with each phase's name as it starts (the command line shows them)."""
+    phase = on_phase or (lambda name: None)
     t0 = time.perf_counter()
+    phase("optimize the graph, plan the tasks")
     disabled_passes = check_disabled(disabled_passes)
     host = target or host_target()
     backend = backend_for(host)
     tasks, calls, optimized, forms, prefer = _plan(graph, records, host, disabled_passes)
     t1 = time.perf_counter()
+    phase(f"schedule and lower {len(tasks)} kernels")
     states, used = schedule_tasks(tasks, records, host, prefer)
     funcs = [lower(st, kernel_name(t)) for t, st in zip(tasks, states)]
     t2 = time.perf_counter()
+    phase("generate code and link")
     blob, params = io.BytesIO(), {}
     for v in constants(optimized, calls):
         blob.write(b"\0" * (-blob.tell() % backend.alignment))
@@ -177,6 +182,7 @@ def build(
         entry = entry_source(optimized, calls, layout, arity, scratch, workspace)
         backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name, target=host)
         t3 = time.perf_counter()
+        phase("pack the artifact")
         (tmp / f"{name}.h").write_text(_header(optimized, name))
         files = [f"{name}.so", f"{name}.h"]
         target = host

@@ -337,6 +337,11 @@ class TaskScheduler:
         share = p.task.weight * p.task.flop_count / work if work else 1.0
         return max(min(WARMUP_MIN, per_round), min(per_round, math.ceil(per_round * share)))
 
+    def first_round_trials(self) -> list[int]:
+        """Per task, the trials of the first round the warm-up gives it (0 for a task measured already): their sum is
+        the budget it takes to measure every task once."""
+        return [0 if p.trials else self._warmup_size(p) for p in self.progress]
+
     def _round(self, i: int, with_default: bool = False, size: int | None = None) -> None:
         p = self.progress[i]
         n = min(size or self.options.measures_per_round, self.options.trials - self.stats.trials)
