@@ -8,13 +8,14 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http import HTTPStatus
+from http import HTTPMethod, HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from compiler.base.errors import TilefarmError
 from compiler.costs.records import VERSION
@@ -73,12 +74,28 @@ def _slug(text: str) -> str:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's answer to a JSON body that is not UTF-8; malformed JSON is a 422 (_validation_error), so is this
+        return _error(422, "the request body is not valid JSON: it is not UTF-8 text", "invalid_request")
+    if exc.status_code == 405:
+        return _error(405, "Method Not Allowed", "method_not_allowed", {"Allow": _allowed_methods(request)})
     try:
         phrase = HTTPStatus(exc.status_code).phrase
     except ValueError:  # a status code HTTP does not name
         phrase = "error"
     detail = exc.detail if isinstance(exc.detail, str) else phrase
     return _error(exc.status_code, detail, _slug(phrase), dict(exc.headers or {}))
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method the path answers (RFC 9110's Allow), found by asking the app's routes about each: Starlette's
+    405 names only those of the first route whose path matched, so OPTIONS /jobs said `Allow: POST` of a path that
+    answers GET too."""
+
+    def answers(method: str) -> bool:
+        return any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in request.app.router.routes)
+
+    return ", ".join(m for m in HTTPMethod if answers(m))
 
 
 def _field(loc: tuple) -> str:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from compiler.base.errors import InvalidTarget
 from compiler.base.target import Target
 from compiler.costs.records import cache_preference, target_name
-from compiler.model.onnx_import import load, parse_input_shapes
+from compiler.model.onnx_import import Budget, load, parse_input_shapes
 from compiler.search.task_scheduler import TRIALS_PER_TASK, coverage
 from compiler.targets import host_target as this_host_target
 from compiler.targets import parse_target
@@ -157,6 +157,17 @@ def parse_shapes(text: str | None) -> dict[str, list[int]] | None:
     return value
 
 
+def model_budget(settings: Settings) -> Budget:
+    """What checking an upload may allocate in the API process, named by the service's own settings; the workers load
+    a model under the same budget, since one that leaves a fold to run time makes other tasks than a larger one."""
+    return Budget(
+        value_bytes=settings.max_model_value_bytes,
+        fold_bytes=settings.max_model_fold_bytes,
+        nodes=settings.max_model_nodes,
+        prefix="TILEFARM_MAX_MODEL_",
+    )
+
+
 def find_model(session: Session, team_id: int, sha256: str) -> UploadedModel | None:
     return session.scalar(select(UploadedModel).where(UploadedModel.team_id == team_id, UploadedModel.sha256 == sha256))
 
@@ -185,8 +196,10 @@ def register_model(
             proto = archive.read_upload(upload.path, "the upload")
         # a ModelProto, not the path: the frontend's messages would name the server's storage folder
         # the tasks a job tunes, its convs' other forms included (weight 0), as `tilefarm tune` does by default
-        plan = tuning_plan(load(proto, input_shapes))
-        del proto  # the loaded graph holds the weights now
+        graph = load(proto, input_shapes, model_budget(settings))
+        del proto  # the graph holds the weights now: the plan's passes make their copies without the proto beside them
+        plan = tuning_plan(graph)
+        del graph
         tasks = plan.all_tasks
         records_db(settings.database_url).describe_workloads(tasks)  # committed on its own: shared, idempotent
         if unpacked is None:
@@ -277,7 +290,8 @@ def model_tasks(settings: Settings, model: UploadedModel, rows: list[tuple[Model
     try:
         return [Task(w.key, workload_dag(w.key, w.dag_json or ""), mt.name, mt.weight) for mt, w in rows]
     except dag_json.DAGFormatError:
-        graph = load(archive.read_model(storage.resolve(settings, model.path), model.name), model.input_shapes)
+        proto = archive.read_model(storage.resolve(settings, model.path), model.name)
+        graph = load(proto, model.input_shapes, model_budget(settings))
         return tuning_plan(graph).all_tasks
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from compiler.base.errors import TilefarmError
+from server.params import INT32_MAX
 
 
 def as_utc(value: datetime) -> datetime:
@@ -27,7 +28,9 @@ def printable(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(printable)]
+# the same rule as a JSON-schema pattern, so the OpenAPI description says which strings are refused
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+Text = Annotated[str, AfterValidator(printable), Field(json_schema_extra={"pattern": PRINTABLE})]
 
 # ---------------------------------------------------------------------------------------------- errors
 
@@ -179,7 +182,7 @@ class UploadedModelOut(ModelOut):
 
 
 class CompileRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     target: Text = Field(default="llvm", max_length=255)
     host: Text | None = Field(default=None, max_length=64)
 
@@ -191,8 +194,9 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model_id: int
+    # strict: a JSON true or "8" is not the integer the schema says (lax mode took `"seed": false` as 0)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model_id: int = Field(ge=1, le=INT32_MAX)  # the models table's integer id (server.params)
     target: Text = Field(default="llvm", max_length=255)
     host: Text | None = Field(default=None, max_length=64, description="host fingerprint; default: the workers' one")
     trials: int = Field(gt=0, le=1_000_000)

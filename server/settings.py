@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "token", "password", "tilefarm", ""}
@@ -35,6 +35,14 @@ class Settings(BaseSettings):
     # where uploaded models and compiled artifacts are kept; the API and every worker must see the same folder
     storage_dir: Path | None = None
     max_upload_bytes: int = 256 << 20
+    # what checking one uploaded model may make the API process allocate (catalog.model_budget; the loader's Budget;
+    # the workers load it under the same one, so their tasks are the API's): the most bytes one value may take,
+    # constant folding may make in all, and the most nodes. Tighter than the compiler's own defaults (4 GiB, 1 GiB,
+    # 1,000,000): the API serves every team, and an upload of a few bytes can ask for gigabytes. A model past them is
+    # refused with 422 (code over_budget) naming the setting to raise.
+    max_model_value_bytes: int = Field(default=1 << 30, gt=0)
+    max_model_fold_bytes: int = Field(default=256 << 20, gt=0)
+    max_model_nodes: int = Field(default=200_000, gt=0)
     # a worker heartbeats every heartbeat_s; one silent for worker_grace_s is lost (its batch is sent again)
     heartbeat_s: float = 5.0
     worker_grace_s: float = 30.0

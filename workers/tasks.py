@@ -26,7 +26,7 @@ from compiler.targets import host_target
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 from compiler.tensor import dag_json
 from compiler.tensor.tasks import Task
-from server.catalog import records_db
+from server.catalog import model_budget, records_db
 from server.database import SQLDatabase
 from server.models import ArtifactRow, Job
 from server.settings import Settings
@@ -181,7 +181,7 @@ def compile_artifact(artifact_id: int) -> str:
         folder = settings.storage / "artifacts"
         folder.mkdir(parents=True, exist_ok=True)
         path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
-        graph = load(job.model_path, job.input_shapes)
+        graph = load(job.model_path, job.input_shapes, model_budget(settings))  # as the API loaded it
         with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
             # the best records its team may use: verified ones, and the team's own imports (server.trust)
             records = records_db(settings.database_url).trusting(team_of(settings, ArtifactRow, artifact_id))
@@ -323,9 +323,10 @@ def _search(claim: progress.Claim) -> None:
     from compiler.search.transfer import ModelCache
     from compiler.tensor.tasks import tuning_plan
 
-    # the model's tasks and its convs' other forms (as catalog.register_model stored them), each conv counted at the
-    # form compile would take
-    plan = tuning_plan(load(claim.model_path, claim.input_shapes))
+    # the model's tasks and its convs' other forms (as catalog.register_model stored them, under the same budget: a
+    # fold past it is left to run time, so another budget could make other tasks), each conv counted at the form
+    # compile would take
+    plan = tuning_plan(load(claim.model_path, claim.input_shapes, model_budget(settings)))
     tasks = plan.all_tasks
     positions = {t.key: i for i, t in enumerate(tasks)}
     team = team_of(settings, Job, claim.job_id)  # its own imports are trusted by its search too (server.trust)

@@ -130,7 +130,10 @@ def gemm_to_matmul(g: Graph) -> Graph:
             nodes.append(n)
             continue
         w = b.const.T if n.attrs.get("transB", 0) else b.const
-        w = np.ascontiguousarray(w * np.asarray(n.attrs.get("alpha", 1.0), w.dtype))
+        alpha = n.attrs.get("alpha", 1.0)
+        if alpha != 1.0:  # scaled only when it scales: a weight can be hundreds of MiB, and a copy costs as much
+            w = w * np.asarray(alpha, w.dtype)
+        w = np.ascontiguousarray(w)
         weight = Value(f"{b.name}_kn", TensorType(w.shape, b.dtype), w)
         c = n.inputs[2] if len(n.inputs) > 2 else None
         if c is None:

@@ -7,14 +7,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, status
+from fastapi import APIRouter, Query, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from server import accounts, job_detail, jobs
 from server.auth import CurrentTeam, EventStreamTeam, SessionDep, SettingsDep
 from server.models import ApiToken
-from server.params import INT64_MAX, Id, Offset
+from server.params import INT64_MAX, Id, LastEventId, Offset
 from server.schemas import (
     ERROR_RESPONSES,
     EventTicket,
@@ -163,7 +163,7 @@ async def job_events(
     who: EventStreamTeam,
     settings: SettingsDep,
     after: Offset = 0,
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Server-sent events: `progress` (the /progress JSON with the new points) on every change, then `end`. Send
     the token as a bearer header, or (EventSource cannot) `?ticket=` from POST /jobs/{job_id}/events/ticket."""

@@ -12,9 +12,11 @@ from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.params import Id
 from server.schemas import (
     ERROR_RESPONSES,
+    PRINTABLE,
     CoverageMatrix,
     Invalid,
     ModelOut,
+    Text,
     UploadedModelOut,
     error_responses,
     printable,
@@ -40,7 +42,12 @@ UPLOAD_BODY = {
                             "description": "the .onnx model, or a .zip / .tar / .tar.gz archive of it and the "
                             "external data files it references",
                         },
-                        "name": {"type": "string", "description": "default: the file's name"},
+                        "name": {
+                            "type": "string",
+                            "maxLength": MAX_NAME,
+                            "pattern": PRINTABLE,
+                            "description": "default: the file's name",
+                        },
                         "input_shapes": {
                             "type": "string",
                             "description": 'static input shapes as a JSON object, e.g. {"input": [1, 3, 224, 224]}',
@@ -66,8 +73,10 @@ async def upload_model(
     request: Request, response: Response, who: CurrentTeam, settings: SettingsDep
 ) -> UploadedModelOut:
     """Upload an ONNX model (multipart `file`, optional `name` and `input_shapes`): 201 when new, 200 with
-    `duplicate` when the team had uploaded the same bytes; 413 over the size limit, 422 if it cannot compile. A model
-    with external data comes as an archive of it and its data files (server.archive checks and unpacks it)."""
+    `duplicate` when the team had uploaded the same bytes; 413 over the size limit, 422 if it cannot compile (code
+    over_budget past the service's model budget, TILEFARM_MAX_MODEL_*: a model of a few bytes can ask for gigabytes,
+    which is a model the server will not process, not a request too large). A model with external data comes as an
+    archive of it and its data files (server.archive checks and unpacks it)."""
     limit = settings.max_upload_bytes
     storage.check_length(request.headers, limit)
     upload = await storage.receive_multipart(settings, request.headers.get("content-type", ""), request.stream(), limit)
@@ -104,7 +113,7 @@ def get_model(
     who: CurrentTeam,
     session: SessionDep,
     settings: SettingsDep,
-    host: Annotated[str | None, Query(max_length=64, description="host fingerprint; default: the workers'")] = None,
+    host: Annotated[Text | None, Query(max_length=64, description="host fingerprint; default: the workers'")] = None,
 ) -> ModelOut:
     model = catalog.get_model(session, who.team_id, model_id)
     return catalog.model_view(session, settings, model, host)
@@ -115,7 +124,7 @@ def coverage(
     who: CurrentTeam,
     session: SessionDep,
     settings: SettingsDep,
-    target: Annotated[str, Query(max_length=255, description="llvm (each host's CPU) or a full target name")] = "llvm",
+    target: Annotated[Text, Query(max_length=255, description="llvm (each host's CPU) or a full target name")] = "llvm",
 ) -> CoverageMatrix:
     """The team's models x every host class with records or workers: which tasks have an error-free record there."""
     return workloads.coverage_matrix(session, settings, who.team_id, target)

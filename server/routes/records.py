@@ -18,7 +18,7 @@ from server.auth import CurrentTeam, SessionDep, SettingsDep, current_team, requ
 from server.catalog import records_db
 from server.db import session_scope
 from server.models import Host, Record, TargetRow, Workload
-from server.params import Id, Offset
+from server.params import BigId, Offset
 from server.schemas import (
     ERROR_RESPONSES,
     ImportResult,
@@ -26,6 +26,7 @@ from server.schemas import (
     RecordOut,
     RecordPage,
     ScheduleOut,
+    Text,
     WorkloadOrder,
     WorkloadPage,
     error_responses,
@@ -56,8 +57,8 @@ IMPORT_BODY = {
 @router.get("/records")
 def list_records(
     session: SessionDep,
-    workload: Annotated[str | None, Query(description="workload key")] = None,
-    host: Annotated[str | None, Query(description="host fingerprint")] = None,
+    workload: Annotated[Text | None, Query(max_length=64, description="workload key")] = None,
+    host: Annotated[Text | None, Query(max_length=64, description="host fingerprint")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> RecordPage:
@@ -119,7 +120,7 @@ def browse_workloads(
     who: CurrentTeam,
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    q: Annotated[str | None, Query(max_length=200, description="a substring of the op tag or workload key")] = None,
+    q: Annotated[Text | None, Query(max_length=200, description="a substring of the op tag or workload key")] = None,
     order: Annotated[WorkloadOrder, Query(description="records, -records (most first), flops or -flops")] = "-records",
 ) -> WorkloadPage:
     """Workloads with their record counts and, per host class, the number of records (and of unverified ones) and
@@ -128,7 +129,7 @@ def browse_workloads(
 
 
 @router.get("/records/{record_id}/schedule", responses=error_responses(404))
-def record_schedule(record_id: Id, session: SessionDep) -> ScheduleOut:
+def record_schedule(record_id: BigId, session: SessionDep) -> ScheduleOut:
     """The record's schedule: its steps replayed on the workload's DAG, lowered and printed as a loop nest (422 when
     the steps do not replay)."""
     return workloads.record_schedule(session, record_id)
@@ -217,6 +218,12 @@ async def import_records(request: Request, settings: SettingsDep, who: CurrentTe
     else:
         stored = await storage.save_stream(settings, request.stream(), limit)
     try:
+        if not content_type and stored.size == 0:  # no body at all: an empty export is sent as one, with its type
+            raise Invalid(
+                "missing request body: send the JSON lines (Content-Type: application/x-ndjson) or a "
+                "multipart/form-data body with a 'file' part",
+                code="missing_body",
+            )
         return await run_in_threadpool(_import, settings, stored.path, who.team_id)
     finally:
         storage.discard(stored)

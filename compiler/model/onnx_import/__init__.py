@@ -4,7 +4,9 @@
 first upgraded to 11 with onnx's version converter) and returns a `Graph` whose nodes follow the contract in
 `compiler.model.graph`. Steps, in order:
 
-1. parse and check (`onnx.checker`); anything malformed is an `InvalidModel`;
+1. parse and check (`onnx.checker`); anything malformed is an `InvalidModel`. What the model's numbers would make
+   the loader allocate (nodes, declared tensors, folded constants) is weighed against a `Budget` (budget.py) before
+   it is allocated: past it, an `OverBudget` naming the limit and its setting;
 2. give every graph input a static shape: `input_shapes` first, then a symbolic leading (batch) dim defaults to 1;
 3. repeat {infer shapes (`onnx.shape_inference`, data propagation on), fold every node whose inputs are all constant
    (and `Shape`/`Size` of a statically shaped value), inline the branch an `If` with a constant condition takes,
@@ -23,7 +25,6 @@ get readable, unique names. The per-op converters of step 5 live in `converters.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -35,11 +36,13 @@ import onnx
 import onnx.inliner
 import onnx.reference
 import onnx.version_converter
+from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.base import dtypes
 from compiler.base.errors import InvalidModel, UnsupportedDType, UnsupportedOp
 from compiler.model.graph import Graph, Node, TensorType, Value, pooled_extent
+from compiler.model.onnx_import.budget import Budget, Meter, OverBudget, node_count, size
 from compiler.model.onnx_import.control_flow import CONTROL_FLOW, Formal, Imported, free_names, import_control
 from compiler.model.onnx_import.converters import (
     AXES_INPUT_FROM,
@@ -52,7 +55,7 @@ from compiler.model.onnx_import.converters import (
 )
 from compiler.model.onnx_import.recurrent import RECURRENT
 
-__all__ = ["ONNX_OPS", "PARAM_INPUTS", "external_files", "load", "parse_input_shapes"]
+__all__ = ["ONNX_OPS", "PARAM_INPUTS", "Budget", "OverBudget", "external_files", "load", "parse_input_shapes"]
 
 # op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
 ONNX_OPS = {**CONVERTERS, **RECURRENT, **CONTROL_FLOW}
@@ -79,22 +82,27 @@ WEIGHTS = {
 # constants up to this many elements stay initializers during shape inference so data propagation can read them;
 # bigger ones (weights) are passed as typed inputs, which keeps each inference round cheap
 SMALL_CONST = 1024
-# the most bytes one value of a model may take (an input, anything computed), and one made by folding at compile time:
-# past them a model's numbers (a ConstantOfShape of [2**28, 4], an input of 2**31 elements) would make the compiler or
-# the artifact allocate without bound, so the model is refused naming the value instead
-# (TILEFARM_MAX_VALUE_BYTES, TILEFARM_MAX_FOLD_BYTES set them; VGG-16 light, the onnx model zoo's with weights made by
-# ConstantOfShape, folds a 392 MiB weight)
-MAX_VALUE_BYTES = int(os.environ.get("TILEFARM_MAX_VALUE_BYTES", 2**32))
-MAX_FOLD_BYTES = int(os.environ.get("TILEFARM_MAX_FOLD_BYTES", 2**30))
+SKELETON_BYTES = 1 << 20  # initializers above this are left out of what onnx's checker serializes (_skeleton)
 
 
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def load(model: str | Path | bytes | onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Graph:
-    """Import an ONNX model as a normalized Graph with static shapes; see the module docstring for the steps."""
-    proto = _prepare(_read(model))
-    return _import(_State(proto, _opset(proto)), input_shapes or {})
+def load(
+    model: str | Path | bytes | onnx.ModelProto,
+    input_shapes: dict[str, list[int]] | None = None,
+    budget: Budget | None = None,
+) -> Graph:
+    """Import an ONNX model as a normalized Graph with static shapes; see the module docstring for the steps. What
+    the model may make the loader allocate is bounded by `budget` (default: Budget.from_env()), checked before each
+    allocation: OverBudget names the limit it passes."""
+    budget = budget or Budget.from_env()
+    proto = _read(model)
+    nodes = node_count(proto)
+    if nodes > budget.nodes:
+        raise budget.refuse("the model (subgraphs included, local functions as inlined)", nodes, "nodes")
+    proto = _prepare(proto)
+    return _import(_State(proto, _opset(proto), Meter(budget)), input_shapes or {})
 
 
 def _import(state: _State, input_shapes: dict[str, list[int]]) -> Graph:
@@ -120,7 +128,7 @@ def _import_subgraph(outer: _State, g: onnx.GraphProto, formals: list[Formal], f
     graph = helper.make_graph(nodes, _sanitize(where), inputs, list(g.output), list(g.initializer),
                               value_info=list(g.value_info), sparse_initializer=list(g.sparse_initializer))  # fmt: skip
     model = helper.make_model(graph, opset_imports=outer.proto.opset_import, ir_version=outer.proto.ir_version)
-    state = _State(model, outer.opset)
+    state = _State(model, outer.opset, outer.meter)  # one budget for the model and every subgraph in it
     state.nested = True
     state.consts.update({n: outer.consts[n] for n in free if n in outer.consts})
     shapes = {n: list(shape) for n, _, shape in formals} | {n: list(outer.types[n].shape) for n in runtime}
@@ -152,9 +160,7 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
 
 def _read(model: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)  # loading never changes the caller's model
-        return copy
+        return model  # read, never changed (_check copies it before it would): a model's weights are held once
     if isinstance(model, (bytes, bytearray)):
         proto = onnx.ModelProto()
         try:
@@ -221,7 +227,7 @@ def _prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Check the model, upgrade opsets older than 11 and inline model-local functions."""
     if not proto.HasField("graph") or not proto.graph.output:
         raise InvalidModel("not an ONNX model: it has no graph or the graph has no outputs")
-    _check(proto)
+    proto = _check(proto)
     if _opset(proto) < 7:
         proto = _per_channel_prelu(proto)
     if _opset(proto) < MIN_OPSET:
@@ -258,22 +264,61 @@ def _per_channel_prelu(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _check(proto: onnx.ModelProto) -> None:
+def _check(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx.checker on the model; returns it, or a copy whose outputs got the shapes their exporter left unset."""
     if any(not o.type.tensor_type.HasField("shape") for o in proto.graph.output):
         # exporters may leave an output's shape unset (onnxruntime accepts that; onnx's checker does not):
         # fill it from shape inference first
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto)
+            inferred = onnx.shape_inference.infer_shapes(_skeleton(proto))
         except Exception:
             inferred = proto
-        for out, new in zip(proto.graph.output, inferred.graph.output):
-            if not out.type.tensor_type.HasField("shape") and new.type.tensor_type.HasField("shape"):
-                out.type.CopyFrom(new.type)
+        filled = [(i, new.type) for i, (out, new) in enumerate(zip(proto.graph.output, inferred.graph.output))
+                  if not out.type.tensor_type.HasField("shape") and new.type.tensor_type.HasField("shape")]  # fmt: skip
+        if filled:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(proto)  # the caller's model is never changed
+            for i, t in filled:
+                copy.graph.output[i].type.CopyFrom(t)
+            proto = copy
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(_skeleton(proto))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InvalidModel(f"the model fails onnx.checker: {first}") from None
+    return proto
+
+
+def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as onnx's checker and shape inference are given it: they serialize their argument and parse it again
+    in C++, which held a model's weights three times at once. An initializer of more than SKELETON_BYTES is given as
+    a graph input of its type instead (its data is checked where it is read: _to_array); the model itself if it has
+    none."""
+    g = proto.graph
+    big = {t.name for t in g.initializer if _declared_bytes(t) > SKELETON_BYTES}
+    if not big:
+        return proto
+    skeleton = onnx.ModelProto()
+    _copy_fields(proto, skeleton, skip="graph")
+    _copy_fields(g, skeleton.graph, skip="initializer")
+    skeleton.graph.initializer.extend(t for t in g.initializer if t.name not in big)
+    listed = {vi.name for vi in g.input}  # below IR 4 an initializer is listed as an input already
+    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                                for t in g.initializer if t.name in big and t.name not in listed)  # fmt: skip
+    return skeleton
+
+
+def _copy_fields(src: Message, dst: Message, skip: str) -> None:
+    """Every field set in `src` but `skip`, copied into `dst`."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if isinstance(value, Message):
+            getattr(dst, field.name).CopyFrom(value)
+        elif isinstance(value, str | bytes | int | float | bool):
+            setattr(dst, field.name, value)
+        else:  # a repeated field
+            getattr(dst, field.name).extend(value)
 
 
 def _opset(proto: onnx.ModelProto) -> int:
@@ -324,6 +369,12 @@ def _nbytes(t: _Type) -> int:
     return math.prod(t.shape) * size
 
 
+def _declared_bytes(t: onnx.TensorProto | onnx.SparseTensorProto) -> int:
+    """The bytes a tensor's dims declare (a sparse one's made dense), read without touching its data."""
+    elem = t.values.data_type if isinstance(t, onnx.SparseTensorProto) else t.data_type
+    return _nbytes(_Type(elem, tuple(max(d, 0) for d in t.dims)))
+
+
 def _np_dtype(elem: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem))
 
@@ -369,15 +420,15 @@ def _ceil_mode_shapes(nodes: list[onnx.NodeProto], types: dict[str, _Type]) -> d
 class _State:
     """The model while it is folded and inferred: remaining nodes, constants by name, types by name."""
 
-    def __init__(self, proto: onnx.ModelProto, opset: int):
+    def __init__(self, proto: onnx.ModelProto, opset: int, meter: Meter):
         g = proto.graph
-        self.proto, self.opset = proto, opset
+        self.proto, self.opset, self.meter = proto, opset, meter
         self.nodes: list[onnx.NodeProto] = [_named(n, i) for i, n in enumerate(g.node)]
         self.consts: dict[str, np.ndarray] = {}
         for t in g.initializer:
-            self.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
+            self.consts[t.name] = self._initializer(t, f"initializer {t.name!r}")
         for t in g.sparse_initializer:
-            self.consts[t.values.name] = _to_array(t, f"sparse initializer {t.values.name!r}")
+            self.consts[t.values.name] = self._initializer(t, f"sparse initializer {t.values.name!r}")
         self.inputs = [vi for vi in g.input if vi.name not in self.consts]
         self.outputs = [vi.name for vi in g.output]
         self.types: dict[str, _Type] = {vi.name: _type_of(vi) for vi in list(g.value_info) + list(g.output)}
@@ -387,6 +438,14 @@ class _State:
         self.control: dict[tuple[str, ...], Imported] = {}
         self.control_unsupported: dict[tuple[str, ...], UnsupportedOp] = {}
         self.nested = False  # a subgraph's: its outputs are read by the node that runs it
+
+    def _initializer(self, t: onnx.TensorProto | onnx.SparseTensorProto, what: str) -> np.ndarray:
+        """An initializer as an array, its declared dims weighed first: a few bytes can declare [2**40] (and a sparse
+        one is made dense)."""
+        nbytes = _declared_bytes(t)
+        if nbytes > self.meter.budget.value_bytes:
+            raise self.meter.budget.refuse(f"{what} is declared {list(t.dims)}", nbytes, "value_bytes")
+        return _to_array(t, what)
 
     # -- step 2: static input shapes
 
@@ -637,7 +696,7 @@ class _State:
         which = "then_branch" if bool(self.consts[node.input[0]].reshape(-1)[0]) else "else_branch"
         branch = next(helper.get_attribute_value(a) for a in node.attribute if a.name == which)
         for t in branch.initializer:
-            self.consts[t.name] = _to_array(t, f"initializer {t.name!r} of {node.name!r}")
+            self.consts[t.name] = self._initializer(t, f"initializer {t.name!r} of {node.name!r}")
         body = [_named(n, 0) for n in branch.node]
         for k, n in enumerate(body):
             n.name = n.name or f"{node.name}_{which}_{k}"
@@ -673,32 +732,47 @@ class _State:
         if not all(n in self.consts for n in args):
             return None
         if node.op_type == "Identity":
-            return [self.consts[node.input[0]]]
-        for name in node.output:  # left to run time, where check_static weighs it, rather than made here
-            t = self.types.get(name)
-            if name and t is not None and t.static and _nbytes(t) > MAX_FOLD_BYTES:
-                if node.op_type in FOLD_ONLY:
-                    raise InvalidModel(
-                        f"{node.op_type} node {node.name!r} would make {name!r} of {list(t.shape)} at compile time: "
-                        f"{_nbytes(t) / 2**20:.0f} MiB, more than the {MAX_FOLD_BYTES >> 20} MiB tilefarm folds"
-                    )
-                return None
+            return [self.consts[node.input[0]]]  # the same array: nothing made
+        # what the outputs will take, as far as their types tell, weighed before they are made
+        typed = [(n, self.types[n]) for n in node.output if n and n in self.types and self.types[n].static]
+        made = ", ".join(f"{n!r} of {list(t.shape)}" for n, t in typed)
+        if not self._spend(node, f"would make {made}", sum(_nbytes(t) for _, t in typed), count=False):
+            return None
         if node.op_type == "ConstantOfShape":
-            return [_constant_of_shape(node, self.consts[node.input[0]])]
+            fill, dims = _constant_of_shape(node, self.consts[node.input[0]])
+            if not self._spend(node, f"asks for a constant of shape {list(dims)}", math.prod(dims) * fill.itemsize):
+                return None
+            return [np.full(dims, fill[0], dtype=fill.dtype)]
         if node.op_type == "Range":
             start, limit, delta = (self.consts[n].reshape(-1)[0] for n in node.input[:3])
             count = max(int(np.ceil((limit - start) / delta)), 0) if delta else 0
-            if count * self.consts[node.input[0]].itemsize > MAX_FOLD_BYTES:
-                raise InvalidModel(f"Range node {node.name!r} would make {count} elements at compile time")
+            itemsize = self.consts[node.input[0]].itemsize
+            if not self._spend(node, f"would make {count:,} elements", count * itemsize, count=False):
+                return None
         # in a one-node model of the model's opsets: a bare node is evaluated at onnx's newest opset (`opsets` is
         # ignored for one), where an opset-11 Unsqueeze's `axes` attribute is an error and the node never folded
         graph = helper.make_graph([node], "fold", [], [helper.make_empty_tensor_value_info(n) for n in node.output])
         model = helper.make_model(graph, opset_imports=self.proto.opset_import, ir_version=self.proto.ir_version)
         try:
             with np.errstate(all="ignore"):  # log(0) = -inf and the like fold as they compute at run time
-                return onnx.reference.ReferenceEvaluator(model).run(None, {n: self.consts[n] for n in args})
+                values = onnx.reference.ReferenceEvaluator(model).run(None, {n: self.consts[n] for n in args})
         except Exception:
             return None  # left as a node: either supported at run time or reported as unsupported
+        # counted as made (outputs whose types were unknown too: those were weighed only now)
+        made = sum(np.asarray(v).nbytes for v in values)
+        return values if self._spend(node, f"made {size(made)} of outputs", made) else None
+
+    def _spend(self, node: onnx.NodeProto, what: str, nbytes: int, count: bool = True) -> bool:
+        """Whether folding `node`, which makes `nbytes` (`what` says how), fits what is left of the fold budget; if so
+        and `count`, they are counted as spent. A node that does not fit is left to run time (check_static weighs
+        its outputs), but an op that only ever folds cannot be: OverBudget naming it."""
+        if not self.meter.fits(nbytes):
+            if node.op_type in FOLD_ONLY:
+                raise self.meter.refuse(f"{node.op_type} node {node.name!r} {what}", nbytes)
+            return False
+        if count:
+            self.meter.spend(nbytes)
+        return True
 
     # -- step 4: checks
 
@@ -835,11 +909,8 @@ class _State:
 
     def _check_size(self, name: str, what: str) -> None:
         t = self.types.get(name)
-        if t is not None and t.static and _nbytes(t) > MAX_VALUE_BYTES:
-            raise InvalidModel(
-                f"{what} is {list(t.shape)}: {_nbytes(t) / 2**30:.1f} GiB, more than the {MAX_VALUE_BYTES >> 30} GiB "
-                "tilefarm allows one value"
-            )
+        if t is not None and t.static and _nbytes(t) > self.meter.budget.value_bytes:
+            raise self.meter.budget.refuse(f"{what} is {list(t.shape)}", _nbytes(t), "value_bytes")
 
     # -- step 5: convert
 
@@ -888,18 +959,16 @@ def _shape_op(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
     return np.array(shape[slice(start, end)], dtype=np.int64)
 
 
-def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> np.ndarray:
+def _constant_of_shape(node: onnx.NodeProto, shape: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A ConstantOfShape's fill value (one element) and the dims of the constant it asks for."""
     fill = np.zeros(1, np.float32)
     for a in node.attribute:
         if a.name == "value":
             fill = numpy_helper.to_array(a.t).reshape(-1)
     dims = tuple(int(s) for s in shape.reshape(-1))
-    if any(d < 0 for d in dims) or math.prod(dims) * fill.itemsize > MAX_FOLD_BYTES:
-        raise InvalidModel(
-            f"ConstantOfShape node {node.name!r} asks for a constant of shape {list(dims)}: negative, or more than "
-            f"{MAX_FOLD_BYTES >> 20} MiB made at compile time"
-        )
-    return np.full(dims, fill[0], dtype=fill.dtype)
+    if any(d < 0 for d in dims):
+        raise InvalidModel(f"ConstantOfShape node {node.name!r} asks for a constant of negative shape {list(dims)}")
+    return fill, dims
 
 
 class _Converter:
