@@ -13,6 +13,8 @@ from http import HTTPMethod, HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -51,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(TilefarmError, _tilefarm_error)
+    for down in (OperationalError, InterfaceError, PoolTimeout):  # the database went away (docs/service.md#faults)
+        app.add_exception_handler(down, _database_down)
     app.add_exception_handler(Exception, _unexpected_error)
     return app
 
@@ -130,6 +134,11 @@ async def _tilefarm_error(request: Request, exc: Exception) -> JSONResponse:
     code = getattr(exc, "code", None) or _slug(re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__))
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return _error(status, str(exc), code, headers)
+
+
+async def _database_down(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, str(exc).splitlines()[0])
+    return _error(503, "the database does not answer; try again shortly", "database_unavailable", {"Retry-After": "5"})
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -52,7 +52,10 @@ def create_engine_for(url: str) -> Engine:
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
     if u.get_backend_name() != "sqlite":
-        return create_engine(u, pool_pre_ping=True)
+        # a server that does not answer fails a connection in 10 s (libpq waits for ever), so a worker waits it out
+        # in steps (workers.outage) and /health answers 503
+        timeout = {} if "connect_timeout" in u.query else {"connect_timeout": 10}
+        return create_engine(u, pool_pre_ping=True, connect_args=timeout)
     if u.database and u.database != ":memory:":
         Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(u, connect_args={"timeout": 60})  # seconds a writer waits for another's lock

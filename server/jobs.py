@@ -6,7 +6,7 @@ job's `attempt`, and a search task whose attempt is no longer the job's stops (s
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from compiler.costs.records import target_name
 from server import catalog
 from server.db import session_scope
-from server.models import ArtifactRow, Job, JobPoint, ModelTask, UploadedModel, Workload
+from server.models import ArtifactRow, Job, JobPoint, ModelTask, UploadedModel, WorkerRow, Workload
 from server.schemas import (
     ArtifactOut,
     CompileRequest,
@@ -26,6 +26,7 @@ from server.schemas import (
     PointOut,
     Progress,
     Unavailable,
+    as_utc,
 )
 from server.settings import Settings
 from workers.celery_app import measure_queue
@@ -47,6 +48,27 @@ def _one_line(e: BaseException) -> str:
 
 def _broker_down(e: Exception, what: str) -> Unavailable:
     return Unavailable(f"the broker did not take the {what}: {_one_line(e)}", code="broker_unavailable")
+
+
+def owner_lost(job: Job, worker: WorkerRow | None, settings: Settings, at: datetime) -> str | None:
+    """Why a running job has no live search (None: it has one): its lease ran out (the search renews it while it
+    makes progress: its worker died, or the search is stuck or gave the job up), or its search worker stopped
+    heartbeating (dead before the lease says so), or no worker took it. The same rule for the reaper of the search
+    workers (workers.progress.reap_lost_jobs) and for cancel and resume here."""
+    if job.lease_until is not None and as_utc(job.lease_until) < at:
+        return f"its lease ran out at {as_utc(job.lease_until):%Y-%m-%d %H:%M:%S} UTC (search on {job.worker})"
+    if job.worker is not None and (worker is None or not catalog.is_alive(worker, settings, at)):
+        return f"its search worker {job.worker} stopped answering"
+    if job.worker is None and at - as_utc(job.updated_at or at) > timedelta(seconds=settings.worker_grace_s):
+        return "no search worker holds it"
+    return None
+
+
+def _owner_lost(session: Session, job: Job, settings: Settings) -> str | None:
+    if job.state != "running":
+        return None
+    worker = session.scalars(select(WorkerRow).where(WorkerRow.name == job.worker)).first() if job.worker else None
+    return owner_lost(job, worker, settings, _now())
 
 
 # ---------------------------------------------------------------------------------------------- jobs
@@ -103,26 +125,34 @@ def _enqueue(settings: Settings, job_id: int, attempt: int) -> None:
 
 
 def cancel_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
-    """Request a stop: a queued job is cancelled at once, a running one by its search at the end of its round."""
+    """Request a stop: a queued job is cancelled at once, a running one by its search at the end of its round, or at
+    once when it has no live search (owner_lost)."""
     with session_scope(settings) as session:
         job = get_job(session, team_id, job_id, lock=True)
         if job.state in TERMINAL:
             raise Conflict(f"job {job_id} is {job.state} already", code="job_finished")
         job.cancel_requested = True
         job.updated_at = _now()
-        if job.state == "queued":
-            job.state, job.finished_at = "cancelled", _now()
+        lost = _owner_lost(session, job, settings)
+        if job.state == "queued" or lost:
+            job.state, job.finished_at, job.lease_until = "cancelled", _now(), None
+            job.error_message = f"cancelled while {lost}" if lost else ""
     return job_out(settings, team_id, job_id)
 
 
 def resume_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
-    """Queue a failed or cancelled job again as its next attempt; its search resumes from the records database."""
+    """Queue a failed or cancelled job again as its next attempt, or a running one that has no live search
+    (owner_lost); its search resumes from the records database."""
     with session_scope(settings) as session:
         job = get_job(session, team_id, job_id, lock=True)
-        if job.state not in RESUMABLE:
+        if job.state not in RESUMABLE and not _owner_lost(session, job, settings):
+            lease = f" (its lease runs to {as_utc(job.lease_until):%H:%M:%S} UTC)" if job.lease_until else ""
             raise Conflict(
-                f"job {job_id} is {job.state}: only a failed or cancelled job can be resumed", code="job_not_resumable"
+                f"job {job_id} is {job.state}{lease}: only a failed or cancelled job, or a running one whose search "
+                "was lost, can be resumed",
+                code="job_not_resumable",
             )
+        job.lease_until = None
         job.state, job.cancel_requested, job.error_message = "queued", False, ""
         job.attempt += 1
         job.worker, job.finished_at, job.updated_at = None, None, _now()

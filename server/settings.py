@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     environment: str = "development"
     # a token created for the team "default" when the server starts (none: `tilefarm serve` makes one and prints it)
     bootstrap_token: str | None = None
+    # faults (docs/service.md#faults): a running job's search renews its lease (jobs.lease_until) while it makes
+    # progress; a job whose lease ran out has no live owner and is queued again, at most job_requeues times in a row,
+    # then failed saying why. A worker waits up to outage_s for a database or broker that does not answer.
+    job_lease_s: float = 300.0
+    job_requeues: int = 3
+    outage_s: float = 900.0
 
     @field_validator("environment")
     @classmethod

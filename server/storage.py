@@ -5,6 +5,7 @@ models/<sha256[:2]>/<sha256>/; artifacts are the workers' storage/artifacts/<id>
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -17,7 +18,7 @@ from typing import Any
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from server.schemas import Invalid, TooLarge
+from server.schemas import ApiError, Invalid, TooLarge
 from server.settings import Settings
 
 MODELS, ARTIFACTS, TMP = "models", "artifacts", "tmp"
@@ -94,15 +95,29 @@ class _Writer:
         if self.size > self.limit:
             raise _too_large(self.limit)
         # a synchronous write from the event loop: chunks are small (~64 KiB) and the disk is local
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as e:
+            if is_full(e):  # the caller discards the file
+                raise full(self.path) from None
+            raise
         self.hash.update(data)
 
     def finish(self) -> StoredFile:
-        self.file.close()
+        try:
+            self.file.close()  # flushes the last buffered bytes
+        except OSError as e:
+            self.discard()
+            if is_full(e):
+                raise full(self.path) from None
+            raise
         return StoredFile(self.path, self.hash.hexdigest(), self.size)
 
     def discard(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # the buffered rest could not be written (a full disk): it is being thrown away anyway
+            pass
         self.path.unlink(missing_ok=True)
 
 
@@ -261,3 +276,64 @@ def discard(stored: StoredFile) -> None:
 
 def delete(path: str | Path) -> None:
     Path(path).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------- whole files
+# A file appears under its final name only complete and on disk: written under a temporary name in the same folder,
+# fsynced, renamed (atomic within a file system), the folder fsynced. A full disk (ENOSPC) or a crash leaves at most
+# the temporary file, which nothing serves, and which is deleted on a failure we see.
+
+
+class StorageFull(ApiError):
+    """The storage folder's file system has no space left: what was being written is not kept."""
+
+    status_code, code = 507, "storage_full"
+
+
+def is_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def full(path: Path) -> StorageFull:
+    return StorageFull(
+        f"no space left in the storage folder for {path.name} ({path.parent}): free space there and "
+        "try again; nothing was kept"
+    )
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(partial: Path, final: Path) -> None:
+    """Give a fully written temporary file (in `final`'s folder) its final name, durably; the temporary file is
+    deleted if that fails (a full disk raises StorageFull)."""
+    try:
+        with partial.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, final)
+        _fsync_folder(final.parent)
+    except BaseException as e:
+        partial.unlink(missing_ok=True)
+        if is_full(e):
+            raise full(final) from None
+        raise
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that the file is never seen partly written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    try:
+        with partial.open("xb") as f:
+            f.write(data)
+    except BaseException as e:
+        partial.unlink(missing_ok=True)
+        if is_full(e):
+            raise full(path) from None
+        raise
+    publish(partial, path)

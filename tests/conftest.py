@@ -119,12 +119,20 @@ def _outcome(report) -> str | None:
 
 
 _corpus: list[dict] = []  # the real-model corpus' rows (tests/test_corpus.py)
+_faults: list[dict] = []  # what each injected fault did (tests/test_faults.py)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "faults: faults injected into a live farm (tests/test_faults.py); -m faults")
 
 
 def pytest_runtest_logreport(report):
     row = dict(report.user_properties).get("corpus")
     if row is not None and report.when == "call":
         _corpus.append(row)
+    fault = dict(report.user_properties).get("fault_row")
+    if fault is not None and report.when == "call":
+        _faults.append(fault)
     ops = dict(report.user_properties).get("onnx_ops")
     outcome = _outcome(report)
     if ops is None or outcome is None:
@@ -136,6 +144,11 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     write = terminalreporter.write_line
+    if _faults:
+        terminalreporter.section("faults injected (tests/test_faults.py)")
+        write("fault | what the job did | records reported vs stored | API during the fault")
+        for r in _faults:
+            write(f"{r['fault']} | {r['job']} | {r['records']} | {r['api']}")
     if _corpus:
         terminalreporter.section("real-model corpus (tests/corpus.py)")
         for r in sorted(_corpus, key=lambda r: r["model"]):
@@ -148,3 +161,260 @@ def pytest_terminal_summary(terminalreporter):
     for op in sorted(_by_op):
         write(f"{op:<{width}}  " + "  ".join(f"{_by_op[op][o]:>7}" for o in OUTCOMES))
     write(f"{'cases':<{width}}  " + "  ".join(f"{_cases[o]:>7}" for o in OUTCOMES))
+
+
+# ---------------------------------------------------------------------------------------------- private servers
+# Redis and PostgreSQL instances of a test's own, on free ports, which fault tests stop, kill and pause (SIGSTOP)
+# without touching the shared ones on 6379 and 5432 that other tests use at the same time.
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(what: str, ready, seconds: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(entry))
+    out, todo = [], list(children[pid])
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children[p])
+    return out
+
+
+class PrivateRedis:
+    """A redis-server of its own (no persistence: a restart loses every message, as a crashed cache would)."""
+
+    def __init__(self, root, binary: str):
+        self.root, self.binary, self.port = root, binary, _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        import subprocess
+
+        import redis
+
+        assert self.proc is None or self.proc.poll() is not None, "running already"
+        log = open(self.root / "redis.log", "ab")  # noqa: SIM115 (the process keeps its own descriptor)
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen([*argv, "--dir", str(self.root)], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def answers() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: see {self.root / 'redis.log'}")
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1) as r:
+                    return bool(r.ping())
+            except redis.RedisError:
+                return False
+
+        _wait_until(f"redis-server on port {self.port}", answers)
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) and wait; a paused server is let go on first, so it can die."""
+        import signal
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.wait(30)
+
+    def pause(self) -> None:
+        import signal
+
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_up(self) -> None:
+        self.resume()
+        if not self.running:
+            self.start()
+        import redis
+
+        with redis.Redis(port=self.port) as r:
+            r.flushall()
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own (initdb + pg_ctl), run as the `postgres` user when we are root (PostgreSQL
+    refuses to run as root), in a folder that user owns."""
+
+    def __init__(self, bindir: str):
+        import pwd
+        import tempfile
+
+        self.bindir, self.port = bindir, _free_port()
+        self.root = tempfile.mkdtemp(prefix="tilefarm-pg-")  # under /tmp: the pytest tmp folders are root's, 0700
+        self.data, self.log = os.path.join(self.root, "data"), os.path.join(self.root, "postgres.log")
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres")  # KeyError: no such user (the fixture skips, saying so)
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.server = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
+
+    def _run(self, *argv: str, timeout: float = 60) -> None:
+        import subprocess
+
+        cmd = [*self.as_user, os.path.join(self.bindir, argv[0]), *argv[1:]]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[:2])} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+    def init(self) -> None:
+        self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+
+    def start(self) -> None:
+        # fsync off: the machine never crashes under these tests, only the server is stopped or killed
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root} -c fsync=off"
+        self._run("pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "-o", options, "start", timeout=90)
+
+    def stop(self, mode: str = "fast") -> None:
+        """pg_ctl stop: "fast" (clients disconnected, a clean shutdown) or "immediate" (as if killed)."""
+        self.resume()
+        if self.running:
+            self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+
+    def _pids(self) -> list[int]:
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as f:
+                pid = int(f.readline())
+        except (OSError, ValueError):
+            return []
+        return [pid, *_descendants(pid)]
+
+    def pause(self) -> None:
+        """SIGSTOP the postmaster and every backend: connections stay open and nothing answers."""
+        import signal
+
+        for pid in self._pids():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+
+        for pid in self._pids():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def running(self) -> bool:
+        pids = self._pids()
+        return bool(pids) and os.path.exists(f"/proc/{pids[0]}")
+
+    def ensure_up(self) -> None:
+        self.resume()
+        if not self.running:
+            self.start()
+
+    def new_database(self) -> str:
+        """A new empty database's SQLAlchemy URL."""
+        import psycopg
+
+        name = f"faults_{secrets.token_hex(6)}"
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        return f"{self.server}/{name}"
+
+    def close(self) -> None:
+        import shutil
+
+        try:
+            self.stop("immediate")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _postgres_bindir() -> str | None:
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[4]))
+    return os.path.dirname(found[-1]) if found else None
+
+
+@pytest.fixture(scope="session")
+def _private_redis(tmp_path_factory):
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server on PATH: the fault tests need one of their own to stop and pause")
+    server = PrivateRedis(tmp_path_factory.mktemp("redis"), binary)
+    server.start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture
+def private_redis(_private_redis):
+    """A Redis server of this test's own (`url`, `stop(kill=)`, `start()`, `pause()`, `resume()`), empty and up."""
+    _private_redis.ensure_up()
+    yield _private_redis
+    _private_redis.ensure_up()  # whatever the test did to it, the next one finds it up and empty
+
+
+@pytest.fixture(scope="session")
+def _private_postgres():
+    bindir = _postgres_bindir()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/pg_ctl): the fault tests need their own")
+    try:
+        server = PrivatePostgres(bindir)
+    except KeyError:
+        pytest.skip("running as root and there is no `postgres` user to run a private PostgreSQL as")
+    try:
+        server.init()
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def private_postgres(_private_postgres):
+    """A PostgreSQL cluster of this test's own (`new_database()`, `stop(mode)`, `start()`, `pause()`, `resume()`),
+    up."""
+    _private_postgres.ensure_up()
+    yield _private_postgres
+    _private_postgres.ensure_up()

@@ -12,12 +12,13 @@ from celery import Celery
 from kombu.transport import TRANSPORT_ALIASES
 
 from server.settings import Settings
-from workers import fs_broker
+from workers import fs_broker, redis_broker
 
 SEARCH_QUEUE = "search"
 SEARCH_JOB = "tilefarm.search_job"
 MEASURE_BATCH = "tilefarm.measure_batch"
 COMPILE_ARTIFACT = "tilefarm.compile_artifact"
+BROKER_SOCKET_TIMEOUT_S = 10.0
 VERIFY_RECORDS = "tilefarm.verify_records"  # re-measure imported records (server.trust)
 
 
@@ -47,10 +48,24 @@ def make_celery(settings: Settings) -> Celery:
         backend = f"file://{root / 'results'}"
     else:
         broker = settings.broker_url
-        transport = {"visibility_timeout": settings.visibility_timeout_s}
+        # a socket timeout on every Redis call, so a broker that stops answering (paused, a broken network) is an
+        # error a worker can wait out (workers.outage), never a call that hangs for ever; above BRPOP's 1 s
+        transport = {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
+            # how often a worker gives back messages unacknowledged past the visibility timeout: every half of it,
+            # at most every 100 s (kombu's default sweep: 10 s x every 10th)
+            "unacked_restore_interval": min(100.0, max(1.0, settings.visibility_timeout_s / 2)),
+            "unacked_restore_throttle": 1,
+        }
         backend = settings.broker_url
     app.conf.update(
         broker_url=broker,
+        # redis://: kombu's transport with a connection-loss fix (workers.redis_broker)
+        broker_transport=redis_broker.TRANSPORT if broker.startswith("redis://") else None,
+        redis_socket_timeout=BROKER_SOCKET_TIMEOUT_S,
+        redis_socket_connect_timeout=BROKER_SOCKET_TIMEOUT_S,
         result_backend=backend,
         broker_transport_options=transport,
         result_backend_transport_options=transport if not settings.embedded else {},
@@ -63,6 +78,9 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        # a search runs in a worker thread for the whole job, and rides out a broker outage (workers.outage): losing
+        # the connection must not cancel it (Celery 6's default would)
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_track_started=True,  # the result shows which worker took a batch (its heartbeat tells if it died)
         result_extended=True,
         result_expires=7 * 24 * 3600,

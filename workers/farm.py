@@ -7,7 +7,13 @@ A batch is lost when the worker that took it stops heartbeating (or restarted), 
 have prefetched it died before it started, when it runs past its deadline, or when its task failed: it is then
 sent again under a new task id (the old one revoked, and skipped by any worker that still receives it), up to
 settings.batch_tries times; after that its candidates come back as "unknown" errors. Measuring one batch twice is
-harmless: record commits are idempotent."""
+harmless: record commits are idempotent.
+
+Outages (workers.outage): every database and broker call of the runner waits out an outage instead of failing the
+job. A batch no worker had started when the broker went away is sent again once it is back (a Redis that keeps
+nothing lost the message; a duplicate of one it kept is skipped), and so is a batch its worker finished whose result
+never came (lost with the broker). After a database outage, workers' heartbeats are stale through no fault of
+theirs: no batch is judged lost for a grace period."""
 
 from __future__ import annotations
 
@@ -25,12 +31,14 @@ from compiler.tensor.tasks import Task
 from server.settings import Settings
 from workers import progress
 from workers.celery_app import MEASURE_BATCH
+from workers.outage import DATABASE_DOWN, patiently
 
 log = logging.getLogger("tilefarm.workers")
 
 POLL_S = 0.2  # how often the result is looked at
 CHECK_S = 1.0  # how often the database is asked whether the batch is lost or the job must stop
 DEADLINE_SLACK_S = 60.0  # on top of the per-candidate timeouts: the reference outputs of a new task, commits
+RESULT_GRACE_S = 15.0  # a batch its worker finished whose result has not come by then was lost with the broker
 
 
 class JobInterrupted(Exception):
@@ -98,13 +106,31 @@ class FarmRunner:
         positions: dict[str, int] | None = None,
         options: RunnerOptions | None = None,
         interrupted: Callable[[], str | None] = lambda: None,
+        stopping: Callable[[], bool] = lambda: False,
     ):
         self.settings, self.app = settings, app
         self.job_id, self.queue, self.host = job_id, queue, host
         self.positions = positions or {}
         self.options = options or RunnerOptions()
         self.interrupted = interrupted
+        self.stopping = stopping  # the worker is going away: an outage is not waited out
         self._dags: dict[str, str] = {}
+        self._broker_down = False  # the broker failed a call while the current batch was in flight
+        self._judge_after = 0.0  # monotonic time before which no batch is judged lost (after a database outage)
+
+    def _db(self, what: str, call):
+        def outage(e: BaseException) -> None:
+            self._judge_after = time.monotonic() + self.settings.worker_grace_s + 2 * self.settings.heartbeat_s
+
+        return patiently(self.settings, f"job {self.job_id}: {what}", call, stop=self.stopping, on_outage=outage)
+
+    def _broker(self, what: str, call):
+        def outage(e: BaseException) -> None:
+            if isinstance(e, DATABASE_DOWN):  # the result backend's calls never reach the database
+                return
+            self._broker_down = True
+
+        return patiently(self.settings, f"job {self.job_id}: {what}", call, stop=self.stopping, on_outage=outage)
 
     @property
     def cache(self) -> str:
@@ -148,46 +174,68 @@ class FarmRunner:
     def _send_and_wait(self, payload: dict, size: int, try_number: int) -> list[MeasureResult] | str:
         """The batch's results, or why it was lost."""
         batch_id = str(uuid.uuid4())
-        progress.batch_sent(self.settings, batch_id, self.job_id, payload["task"], size, self.queue, try_number)
-        self.app.send_task(MEASURE_BATCH, args=(payload,), queue=self.queue, task_id=batch_id)
+        s = self.settings
+        sent = (batch_id, self.job_id, payload["task"], size, self.queue, try_number)
+        self._db("recording a batch", lambda: progress.batch_sent(s, *sent))
+        self._broker(
+            "sending a batch",
+            lambda: self.app.send_task(MEASURE_BATCH, args=(payload,), queue=self.queue, task_id=batch_id),
+        )
+        self._broker_down = False  # sent: from now on, an outage may lose the message
         result = self.app.AsyncResult(batch_id)
         deadline = self.options.deadline(size)
         next_check = time.monotonic() + CHECK_S
         finishing = False  # the job was cancelled while a worker measured this batch
         while True:
-            state = result.state
+            state = self._broker("waiting for a batch", lambda: result.state)
             if state == "SUCCESS":
-                value = result.result
-                result.forget()
+                value = self._broker("reading a result", lambda: result.result)
+                self._forget(result)
                 if isinstance(value, dict) and "results" in value:
                     return [_result(r) for r in value["results"]]
                 return "the worker skipped it (it had been given up)"
             if state == "FAILURE":
                 why = f"its task failed: {_one_line(result.result)}"
-                result.forget()
-                progress.batch_ended(self.settings, batch_id, "failed", {"failure": why})
+                self._forget(result)
+                self._db("ending a batch", lambda w=why: progress.batch_ended(s, batch_id, "failed", {"failure": w}))
                 return why
             if time.monotonic() >= next_check:
-                reason = None if finishing else self.interrupted()
-                if reason == "cancelled" and not progress.batch_cancelled(self.settings, batch_id):
+                reason = None if finishing else self._db("checking in", self.interrupted)
+                if reason == "cancelled" and not self._db(
+                    "giving up a batch", lambda: progress.batch_cancelled(s, batch_id)
+                ):
                     finishing = True  # running: its records are being stored, so its round must count them
                 elif reason:
                     raise JobInterrupted(reason)
                 lost = self._lost(batch_id, deadline)
                 if lost:
-                    progress.batch_ended(self.settings, batch_id, "lost", {"lost": lost})
+                    self._db("ending a batch", lambda w=lost: progress.batch_ended(s, batch_id, "lost", {"lost": w}))
                     self._revoke(batch_id)
-                    result.forget()
+                    self._forget(result)
                     return lost
                 next_check = time.monotonic() + CHECK_S
             time.sleep(POLL_S)
 
+    def _forget(self, result) -> None:
+        try:
+            result.forget()
+        except Exception as e:  # a result left behind expires with result_expires
+            log.warning("could not delete the result of batch %s: %s", result.id, _one_line(e))
+
     def _lost(self, batch_id: str, deadline: float) -> str | None:
-        view = progress.batch_view(self.settings, batch_id)
+        view = self._db("checking a batch", lambda: progress.batch_view(self.settings, batch_id))
         if view is None:
             return "its row disappeared"
         if view.state == "lost":
             return "its worker restarted while it held it"
+        if self._broker_down and view.state == "sent":
+            return "the broker went away before a worker took it (the message may be lost)"
+        if view.state == "done" and view.finished_at is not None:
+            grace = 0 if self._broker_down else RESULT_GRACE_S  # a worker sends its result right after the mark
+            if progress.now() - view.finished_at > timedelta(seconds=grace + CHECK_S):
+                return "its worker finished it, but its result never came (lost with the broker)"
+        if time.monotonic() < self._judge_after:
+            return None  # heartbeats could not be written during the database outage: judge none by them yet
         now = progress.now()
         grace = self.settings.worker_grace_s
         if view.worker is not None:

@@ -1,6 +1,9 @@
 """Worker liveness: a WorkerRow registered when the Celery node starts, a heartbeat from a daemon thread, stopped
-on a clean shutdown. Workers serving the search queue also reap: a running job whose search worker went silent is
-queued again as a new attempt, and resumes from the records database on whichever search worker takes it."""
+on a clean shutdown. Workers serving the search queue also reap: a running job whose search was lost (its lease ran
+out, its worker went silent) is queued again as a new attempt, and resumes from the records database on whichever
+search worker takes it (workers.progress.reap_lost_jobs). The heartbeat also stores what a measure worker spooled
+while the database was down (workers.spool). Through a database outage the heartbeat waits, saying so once; for a
+grace period after it, its worker judges no other lost (their heartbeats and leases could not be written either)."""
 
 from __future__ import annotations
 
@@ -9,15 +12,17 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
 from compiler.targets import host_target
 from server.settings import Settings
-from workers import progress
+from workers import progress, spool
 from workers.celery_app import SEARCH_QUEUE
 from workers.dispatch import enqueue_job
+from workers.outage import DATABASE_DOWN, DOWN, first_line, limit_idle_transactions, patiently
 
 log = logging.getLogger("tilefarm.workers")
 
@@ -43,6 +48,7 @@ def install(app, settings: Settings) -> None:
     Celery's weak references keep alive)."""
     global _node
     _node = _Node(settings, app)
+    limit_idle_transactions()  # a frozen worker's row locks do not outlive it for long (workers.outage)
     # registered once the node is set up but before its consumer takes a message (worker_ready comes after): a batch
     # taken by a worker whose row is missing or stale (a restart under the same name) would be judged lost
     celeryd_after_setup.connect(_on_setup)
@@ -68,35 +74,72 @@ def _on_setup(sender=None, instance=None, **_) -> None:
     queues = sorted(instance.app.amqp.queues.consume_from)
     node.reaps = SEARCH_QUEUE in queues
     host = host_target()
-    progress.register_worker(
+    name = node.name
+    # a worker that starts while the database is down waits for it (it could not take work without its row)
+    patiently(
         node.settings,
-        node.name,
-        kind=worker_kind(queues),
-        fingerprint=host.fingerprint(),
-        target=dataclasses.asdict(host),
-        queues=queues,
-        pid=os.getpid(),
-        hostname=socket.gethostname(),
+        f"registering {name}",
+        lambda: progress.register_worker(
+            node.settings,
+            name,
+            kind=worker_kind(queues),
+            fingerprint=host.fingerprint(),
+            target=dataclasses.asdict(host),
+            queues=queues,
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+        ),
     )
     # the old process under this name is gone (this one took its name): what it ran resumes now, not after the grace
-    for job_id, attempt in progress.restarted(node.settings, node.name):
-        log.warning("job %d ran on %s before it restarted: queued again as attempt %d", job_id, node.name, attempt)
-        enqueue_job(node.settings, job_id, attempt)
+    for job_id, attempt in patiently(node.settings, "restart", lambda: progress.restarted(node.settings, name)):
+        log.warning("job %d ran on %s before it restarted: queued again as attempt %d", job_id, name, attempt)
+        _enqueue(node.settings, job_id, attempt)
     node.thread = threading.Thread(target=_beat, args=(node,), name="tilefarm-heartbeat", daemon=True)
     node.thread.start()
 
 
+def _enqueue(settings: Settings, job_id: int, attempt: int) -> None:
+    try:
+        enqueue_job(settings, job_id, attempt)
+    except DOWN as e:  # the job stays queued in the database, and is sent again after a lease (reap_lost_jobs)
+        log.warning("job %d: could not queue attempt %d (%s); it is sent again later", job_id, attempt, first_line(e))
+
+
 def _beat(node: _Node) -> None:
     assert node.name is not None
-    while not node.stop.wait(node.settings.heartbeat_s):
+    settings = node.settings
+    down_since: float | None = None
+    judge_after = 0.0  # monotonic time before which this worker judges no other lost (after a database outage)
+    while not node.stop.wait(settings.heartbeat_s):
         try:
-            progress.heartbeat(node.settings, node.name)
-            if node.reaps:
-                for job_id, attempt in progress.reap_lost_jobs(node.settings):
-                    log.warning("job %d lost its search worker: queued again as attempt %d", job_id, attempt)
-                    enqueue_job(node.settings, job_id, attempt)
-        except Exception:  # a database hiccup must not end the heartbeat: the next beat tries again
+            progress.heartbeat(settings, node.name)
+        except DATABASE_DOWN as e:
+            if down_since is None:
+                down_since = time.monotonic()
+                log.warning(
+                    "heartbeat of %s: the database does not answer (%s); waiting for it", node.name, first_line(e)
+                )
+            continue
+        except Exception:  # anything else must not end the heartbeat either: the next beat tries again
             log.exception("heartbeat of %s failed", node.name)
+            continue
+        if down_since is not None:
+            log.warning(
+                "heartbeat of %s: the database answers again after %.0f s", node.name, time.monotonic() - down_since
+            )
+            down_since = None
+            judge_after = time.monotonic() + settings.worker_grace_s + 2 * settings.heartbeat_s
+        try:
+            if spool.pending(settings):
+                spool.flush(settings)
+            if node.reaps and time.monotonic() >= judge_after:
+                for job_id, attempt in progress.reap_lost_jobs(settings):
+                    log.warning(
+                        "job %d: its search was lost or its message not taken: queued as attempt %d", job_id, attempt
+                    )
+                    _enqueue(settings, job_id, attempt)
+        except Exception:  # a database hiccup must not end the heartbeat: the next beat tries again
+            log.exception("heartbeat of %s: storing spooled records or reaping failed", node.name)
 
 
 def _on_shutting_down(**_) -> None:

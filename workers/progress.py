@@ -7,15 +7,27 @@ so a search task that lost its job (reaped, resumed, cancelled) can never overwr
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from server.catalog import is_alive
 from server.db import session_scope
-from server.models import ArtifactRow, Job, JobPoint, MeasureBatch, ModelTask, UploadedModel, WorkerRow, Workload
+from server.jobs import owner_lost
+from server.models import (
+    ArtifactRow,
+    Job,
+    JobPoint,
+    MeasureBatch,
+    ModelTask,
+    Record,
+    UploadedModel,
+    WorkerRow,
+    Workload,
+)
 from server.schemas import as_utc as aware  # SQLite gives datetimes back without their zone; all stored are UTC
 from server.settings import Settings
 
@@ -27,6 +39,11 @@ def now() -> datetime:
 def alive(row: WorkerRow | None, settings: Settings, at: datetime | None = None) -> bool:
     """A worker row that exists and is alive by the API's rule (not stopped, heartbeat within the grace period)."""
     return row is not None and is_alive(row, settings, at)
+
+
+def lease_end(settings: Settings) -> datetime:
+    """Until when a search that shows progress now holds its job (Job.lease_until)."""
+    return now() + timedelta(seconds=settings.job_lease_s)
 
 
 def finite(x: float) -> float | None:
@@ -70,7 +87,8 @@ def claim_job(settings: Settings, job_id: int, attempt: int, worker: str) -> Cla
         if model is None:
             job.state, job.error_message, job.finished_at = "failed", "the job's model no longer exists", now()
             return None
-        job.state, job.worker, job.error_message, job.updated_at = "running", worker, "", now()
+        # error_message keeps a requeue's note (REQUEUED), which counts the searches this job lost
+        job.state, job.worker, job.updated_at, job.lease_until = "running", worker, now(), lease_end(settings)
         job.finished_at = None
         job.started_at = job.started_at or now()
         return Claim(
@@ -105,6 +123,16 @@ def interruption(settings: Settings, job_id: int, attempt: int) -> str | None:
         return "cancelled" if job.cancel_requested else None
 
 
+def check_in(settings: Settings, job_id: int, attempt: int) -> str | None:
+    """A running search shows progress: its lease is renewed; returns why it must stop, as interruption()."""
+    with session_scope(settings) as s:
+        job = _current(s, job_id, attempt)
+        if job is None:
+            return "stale"
+        job.lease_until = lease_end(settings)
+        return "cancelled" if job.cancel_requested else None
+
+
 def record_round(
     settings: Settings,
     job_id: int,
@@ -122,6 +150,7 @@ def record_round(
         if job is None:
             return "stale"
         job.trials_done, job.tuning_s, job.tasks, job.updated_at = trials_done, tuning_s, tasks, now()
+        job.lease_until = lease_end(settings)
         job.estimated_latency = finite(estimated_latency)
         if point is not None:
             s.add(JobPoint(job_id=job_id, **point))
@@ -137,6 +166,7 @@ def end_job(settings: Settings, job_id: int, attempt: int, state: str, message: 
         if state == "succeeded" and job.cancel_requested:
             state = "cancelled"
         job.state, job.error_message, job.finished_at, job.updated_at = state, message, now(), now()
+        job.lease_until = None
         return True
 
 
@@ -151,42 +181,108 @@ def requeue_job(settings: Settings, job_id: int, attempt: int) -> int | None:
 
 def _requeue(job: Job) -> int:
     job.attempt += 1
-    job.state, job.worker, job.updated_at = "queued", None, now()
+    job.state, job.worker, job.updated_at, job.lease_until = "queued", None, now(), None
     return job.attempt
 
 
+# the note a job queued again after losing its search carries (in error_message, until it ends or is resumed): how
+# many searches in a row it lost, so a job that keeps killing or wedging its search worker ends failed
+REQUEUED = re.compile(r"^queued again \((\d+) of \d+\) after its search was lost")
+
+
+def _search_lost(job: Job, why: str, settings: Settings) -> int | None:
+    """A running job whose search was lost (`why`): cancelled if that was asked, else queued again (returns the new
+    attempt, to enqueue) up to settings.job_requeues times, else failed saying why."""
+    at = now()
+    if job.cancel_requested:
+        job.state, job.finished_at, job.updated_at, job.lease_until = "cancelled", at, at, None
+        job.error_message = f"cancelled while {why}"
+        return None
+    seen = REQUEUED.match(job.error_message or "")
+    lost = (int(seen.group(1)) if seen else 0) + 1
+    if lost > settings.job_requeues:
+        job.state, job.finished_at, job.updated_at, job.lease_until = "failed", at, at, None
+        job.error_message = (
+            f"its search was lost {lost} times in a row (last: {why}); resume it once its workers are healthy"
+        )
+        return None
+    job.error_message = f"queued again ({lost} of {settings.job_requeues}) after its search was lost: {why}"
+    return _requeue(job)
+
+
 def reap_lost_jobs(settings: Settings) -> list[tuple[int, int]]:
-    """Running jobs whose search worker is lost go back to the queue; returns (job id, new attempt) to enqueue."""
+    """Running jobs whose search was lost (server.jobs.owner_lost: the lease ran out, the worker stopped
+    heartbeating) are queued again, failed or cancelled (_search_lost); queued jobs that no search worker took
+    within a lease are sent again under the same attempt (their message may have gone with a broker that keeps
+    nothing; a duplicate finds the job taken and stops). Returns (job id, attempt) to enqueue."""
     out: list[tuple[int, int]] = []
     with session_scope(settings) as s:
         # FOR UPDATE SKIP LOCKED: two reapers on PostgreSQL never requeue one job twice (SQLite's writers are serial)
         jobs = s.scalars(select(Job).where(Job.state == "running").with_for_update(skip_locked=True)).all()
-        if not jobs:
-            return out
         names = {j.worker for j in jobs if j.worker}
-        workers = {w.name: w for w in s.scalars(select(WorkerRow).where(WorkerRow.name.in_(names)))}
+        workers = {w.name: w for w in s.scalars(select(WorkerRow).where(WorkerRow.name.in_(names)))} if names else {}
         at = now()
         for job in jobs:
-            if job.worker is not None and alive(workers.get(job.worker), settings, at):
-                continue
-            if job.worker is None and (at - aware(job.updated_at or at)).total_seconds() <= settings.worker_grace_s:
-                continue
-            out.append((job.id, _requeue(job)))
+            why = owner_lost(job, workers.get(job.worker or ""), settings, at)
+            if why is not None:
+                attempt = _search_lost(job, why, settings)
+                if attempt is not None:
+                    out.append((job.id, attempt))
+        waited = at - timedelta(seconds=settings.job_lease_s)
+        queued = select(Job).where(Job.state == "queued", Job.updated_at < waited).with_for_update(skip_locked=True)
+        for job in s.scalars(queued):
+            job.updated_at = at
+            out.append((job.id, job.attempt))
     return out
 
 
 def restarted(settings: Settings, worker: str) -> list[tuple[int, int]]:
-    """A worker starts under a name whose old process is gone: its running jobs are requeued at once (returned, to
-    enqueue) and its unfinished batches marked lost, so their runners send them again without waiting."""
+    """A worker starts under a name whose old process is gone: its running jobs are queued again at once (returned,
+    to enqueue; _search_lost) and its unfinished batches marked lost, so their runners send them again without
+    waiting."""
     with session_scope(settings) as s:
         jobs = s.scalars(select(Job).where(Job.state == "running", Job.worker == worker).with_for_update()).all()
-        out = [(j.id, _requeue(j)) for j in jobs]
+        out = []
+        for job in jobs:
+            attempt = _search_lost(job, f"its search worker {worker} restarted", settings)
+            if attempt is not None:
+                out.append((job.id, attempt))
         s.execute(
             update(MeasureBatch)
             .where(MeasureBatch.worker == worker, MeasureBatch.state.in_(("sent", "running")))
             .values(state="lost", finished_at=now())
         )
     return out
+
+
+def settle_batches(settings: Settings, job_id: int) -> int:
+    """Before an attempt resumes from the records, the batches earlier attempts left: one no worker started is given
+    up (a worker that takes it skips it), one measured by a worker that is no longer alive is lost; returns how many
+    live workers are still measuring (their records are on the way: the attempt waits for them, so that it resumes
+    from every measurement the job made)."""
+    with session_scope(settings) as s:
+        batches = s.scalars(
+            select(MeasureBatch)
+            .where(MeasureBatch.job_id == job_id, MeasureBatch.state.in_(("sent", "running")))
+            .with_for_update()
+        ).all()
+        names = {b.worker for b in batches if b.worker}
+        workers = {w.name: w for w in s.scalars(select(WorkerRow).where(WorkerRow.name.in_(names)))} if names else {}
+        measuring = 0
+        for b in batches:
+            if b.state == "sent":
+                b.state, b.finished_at = "cancelled", now()
+            elif alive(workers.get(b.worker or ""), settings):
+                measuring += 1
+            else:
+                b.state, b.finished_at = "lost", now()
+        return measuring
+
+
+def job_measured(settings: Settings, job_id: int) -> int:
+    """How many records the job's measurements stored, over all its attempts."""
+    with session_scope(settings, write=False) as s:
+        return s.scalar(select(func.count()).select_from(Record).where(Record.job_id == job_id)) or 0
 
 
 def ensure_model_tasks(settings: Settings, model_id: int, tasks: list) -> None:
@@ -240,6 +336,7 @@ class BatchView:
     worker: str | None
     sent_at: datetime
     started_at: datetime | None
+    finished_at: datetime | None
     workers: dict[str, WorkerRow]
 
 
@@ -250,7 +347,8 @@ def batch_view(settings: Settings, batch_id: str) -> BatchView | None:
             return None
         workers = {w.name: w for w in s.scalars(select(WorkerRow)) if w.name == b.worker or b.queue in (w.queues or [])}
         started = aware(b.started_at) if b.started_at else None
-        return BatchView(b.state, b.worker, aware(b.sent_at), started, workers)
+        finished = aware(b.finished_at) if b.finished_at else None
+        return BatchView(b.state, b.worker, aware(b.sent_at), started, finished, workers)
 
 
 def batch_ended(settings: Settings, batch_id: str, state: str, errors: dict[str, Any] | None = None) -> None:

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
-import os
+import math
 import re
 import threading
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,15 +28,17 @@ from compiler.targets import host_target
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
 from compiler.tensor import dag_json
 from compiler.tensor.tasks import Task
+from server import storage
 from server.catalog import model_budget, records_db
 from server.database import SQLDatabase
 from server.models import ArtifactRow, Job
 from server.settings import Settings
 from server.trust import team_of
-from workers import heartbeat, progress
+from workers import heartbeat, progress, spool
 from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, VERIFY_RECORDS, make_celery, measure_queue
 from workers.dispatch import enqueue_job, enqueue_verify
 from workers.farm import FarmBuilder, FarmRunner, JobInterrupted, RunnerOptions
+from workers.outage import DATABASE_DOWN, DOWN, PatientDatabase, first_line, patiently
 
 log = logging.getLogger("tilefarm.workers")
 
@@ -57,6 +61,15 @@ def one_line(e: BaseException) -> str:
     return (text if isinstance(e, TilefarmError) and text else f"{type(e).__name__}: {text}".rstrip(": "))[:1000]
 
 
+def _stopping() -> bool:
+    return heartbeat.SHUTTING_DOWN.is_set()
+
+
+def _patiently(what: str, call):
+    """A service-database or broker call of a task, waiting out an outage (workers.outage) unless the worker stops."""
+    return patiently(settings, what, call, stop=_stopping)
+
+
 # ---------------------------------------------------------------------------------------------- measure
 
 
@@ -64,26 +77,30 @@ def one_line(e: BaseException) -> str:
 def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
     """Build and run a batch on this worker's host, commit every result as a record, return the results."""
     batch_id, node = self.request.id, self.request.hostname
-    if not progress.batch_taken(settings, batch_id, node):
+    if not _patiently("taking a batch", lambda: progress.batch_taken(settings, batch_id, node)):
         return {"skipped": True}
     with MEASURE_LOCK:
-        if not progress.batch_running(settings, batch_id, node):
-            progress.worker_idle(settings, node)
+        if not _patiently("starting a batch", lambda: progress.batch_running(settings, batch_id, node)):
+            _patiently("going idle", lambda: progress.worker_idle(settings, node))
             return {"skipped": True}
         try:
-            results = _measure(payload)
+            results = _measure(payload, batch_id)
         except BaseException:
-            progress.worker_idle(settings, node)
+            try:
+                progress.worker_idle(settings, node)
+            except DOWN as e:
+                log.warning("batch %s: could not mark %s idle: %s", batch_id, node, first_line(e))
             raise
         errors: dict[str, int] = {}
         for r in results:
             if r["error"]:
                 errors[r["error"]] = errors.get(r["error"], 0) + 1
-        progress.batch_finished(settings, batch_id, node, len(results), errors)
+        done = (batch_id, node, len(results), errors)
+        _patiently("finishing a batch", lambda: progress.batch_finished(settings, *done))
     return {"results": results}
 
 
-def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
+def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[str, Any]]:
     host = host_target()
     cands = payload["candidates"]
     options = RunnerOptions(**payload.get("options", {}))
@@ -107,12 +124,21 @@ def _measure(payload: dict[str, Any]) -> list[dict[str, Any]]:
         out[i] = r
         records.append(to_record(inp, r, host))
     job = payload.get("job_id")
-    records_db(settings.database_url).import_records(
-        records,
-        created_by=f"job/{job}" if job is not None else None,
-        job_id=job,
-        seconds=[(r.build_seconds, r.run_seconds) for r in measured],
-    )
+    created_by = f"job/{job}" if job is not None else None
+    seconds = [(r.build_seconds, r.run_seconds) for r in measured]
+    try:
+        records_db(settings.database_url).import_records(records, created_by=created_by, job_id=job, seconds=seconds)
+    except DATABASE_DOWN as e:  # measured is measured: kept until the database answers (workers.spool)
+        name = batch_id or uuid.uuid4().hex
+        path = spool.keep(settings, name, records, created_by=created_by, job_id=job, seconds=seconds)
+        log.warning(
+            "batch %s: the database does not answer (%s): its %d records are spooled to %s, to be stored when it "
+            "answers again",
+            batch_id,
+            first_line(e),
+            len(records),
+            path,
+        )
     return [_as_json(r) for r in out if r is not None]
 
 
@@ -167,10 +193,14 @@ worker_shutdown.connect(close_measurement)
 
 @app.task(name=COMPILE_ARTIFACT, ignore_result=True)  # the artifact row is the result
 def compile_artifact(artifact_id: int) -> str:
-    """Compile a model into storage/artifacts/<id>.tar with the best records of this host; state ready or failed."""
-    job = progress.artifact_building(settings, artifact_id)
+    """Compile a model into storage/artifacts/<id>.tar with the best records of this host; state ready or failed.
+    The tar is built under a hidden temporary name and renamed once whole and on disk (storage.publish), so no
+    half-written artifact is ever under its final name; on a failure (a full disk: StorageFull) it is deleted."""
+    job = _patiently("taking an artifact", lambda: progress.artifact_building(settings, artifact_id))
     if job is None:
         return "stale"
+    folder = settings.storage / "artifacts"
+    path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
     try:
         from compiler.artifact.build import build
         from compiler.model.onnx_import import load
@@ -178,28 +208,31 @@ def compile_artifact(artifact_id: int) -> str:
         host = host_target().fingerprint()
         if job.host != host:
             raise TilefarmError(f"the artifact is for host class {job.host}, but this worker is {host}")
-        folder = settings.storage / "artifacts"
         folder.mkdir(parents=True, exist_ok=True)
-        path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
         graph = load(job.model_path, job.input_shapes, model_budget(settings))  # as the API loaded it
         with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
             # the best records its team may use: verified ones, and the team's own imports (server.trust)
             records = records_db(settings.database_url).trusting(team_of(settings, ArtifactRow, artifact_id))
             info = build(graph, partial, name=_c_name(job.model_name), records=records)
-        os.replace(partial, path)  # never a half-written artifact under its final name
+        storage.publish(partial, path)  # never a half-written artifact under its final name
         data = path.read_bytes()
-        progress.artifact_ready(
-            settings,
-            artifact_id,
-            path=str(path),
-            sha256=hashlib.sha256(data).hexdigest(),
-            size_bytes=len(data),
-            records_used=list(info.records_used.values()),
+        sha256, used = hashlib.sha256(data).hexdigest(), list(info.records_used.values())
+        _patiently(
+            "storing an artifact",
+            lambda: progress.artifact_ready(
+                settings, artifact_id, path=str(path), sha256=sha256, size_bytes=len(data), records_used=used
+            ),
         )
         return "ready"
     except Exception as e:
-        log.exception("artifact %d failed", artifact_id)
-        progress.artifact_failed(settings, artifact_id, one_line(e))
+        partial.unlink(missing_ok=True)
+        if storage.is_full(e):
+            e = storage.full(path)
+            log.error("artifact %d failed: %s", artifact_id, e)
+        else:
+            log.exception("artifact %d failed", artifact_id)
+        why = one_line(e)
+        _patiently("failing an artifact", lambda: progress.artifact_failed(settings, artifact_id, why))
         return "failed"
 
 
@@ -216,14 +249,16 @@ def _c_name(model_name: str) -> str:
 def search_job(self, job_id: int, attempt: int) -> str:
     """Run attempt `attempt` of a tuning job to its end (see the module docstring of workers.farm for measuring)."""
     node = self.request.hostname
-    claim = progress.claim_job(settings, job_id, attempt, node)
+    claim = _patiently(f"job {job_id}: claiming it", lambda: progress.claim_job(settings, job_id, attempt, node))
     if claim is None:
         return "stale"
+    # an end that cannot be written (the database stays away past settings.outage_s, or the worker stops) leaves the
+    # job running with a lease that runs out: a reaper queues it again (workers.progress.reap_lost_jobs)
     try:
         _search(claim)
     except JobInterrupted as e:
         if e.reason == "cancelled":
-            progress.end_job(settings, job_id, attempt, "cancelled")
+            _patiently(f"job {job_id}: ending it", lambda: progress.end_job(settings, job_id, attempt, "cancelled"))
         elif e.reason == "shutdown":
             new = progress.requeue_job(settings, job_id, attempt)
             if new is not None:
@@ -231,25 +266,38 @@ def search_job(self, job_id: int, attempt: int) -> str:
         return e.reason
     except Exception as e:
         log.exception("job %d failed", job_id)
-        progress.end_job(settings, job_id, attempt, "failed", one_line(e))
+        why = one_line(e)
+        _patiently(f"job {job_id}: ending it", lambda: progress.end_job(settings, job_id, attempt, "failed", why))
         return "failed"
-    progress.end_job(settings, job_id, attempt, "succeeded")
+    _patiently(f"job {job_id}: ending it", lambda: progress.end_job(settings, job_id, attempt, "succeeded"))
     return "succeeded"
 
 
+_renewed: dict[tuple[int, int], float] = {}  # (job, attempt) -> when its search last renewed the lease (monotonic)
+
+
 def _interruption(claim: progress.Claim) -> str | None:
+    """Why the search must stop, or None. A search that asks is making progress: every quarter of a lease it renews
+    the job's lease too (a write; the other checks only read)."""
     if heartbeat.SHUTTING_DOWN.is_set():
         return "shutdown"
-    return progress.interruption(settings, claim.job_id, claim.attempt)
+    key, now = (claim.job_id, claim.attempt), time.monotonic()
+    if now - _renewed.get(key, -math.inf) < settings.job_lease_s / 4:
+        return progress.interruption(settings, claim.job_id, claim.attempt)
+    reason = progress.check_in(settings, claim.job_id, claim.attempt)
+    _renewed[key] = now
+    return reason
 
 
 def _wait_for_target(claim: progress.Claim) -> Target:
     """The Target of a live worker measuring for the job's queue, waiting (and honouring a cancel) while none is."""
     while True:
-        fields = progress.live_target(settings, claim.queue)
+        fields = _patiently(
+            f"job {claim.job_id}: finding a worker", lambda: progress.live_target(settings, claim.queue)
+        )
         if fields is not None:
             return Target(**fields)
-        reason = _interruption(claim)
+        reason = _patiently(f"job {claim.job_id}: checking in", lambda: _interruption(claim))
         if reason:
             raise JobInterrupted(reason)
         time.sleep(WAIT_FOR_WORKER_S)
@@ -283,15 +331,19 @@ class _Progress:
             "task_best": [progress.finite(p.best) for p in sched.progress],
             "errors": errors,
         }
-        reason = progress.record_round(
-            settings,
-            c.job_id,
-            c.attempt,
-            trials_done=trials_done,
-            tuning_s=tuning_s,
-            estimated_latency=sched.estimated_latency,
-            tasks=[_task_row(i, p, sched.calls(i)) for i, p in enumerate(sched.progress)],
-            point=curve_point if point else None,
+        tasks = [_task_row(i, p, sched.calls(i)) for i, p in enumerate(sched.progress)]
+        reason = _patiently(
+            f"job {c.job_id}: recording a round",
+            lambda: progress.record_round(
+                settings,
+                c.job_id,
+                c.attempt,
+                trials_done=trials_done,
+                tuning_s=tuning_s,
+                estimated_latency=sched.estimated_latency,
+                tasks=tasks,
+                point=curve_point if point else None,
+            ),
         )
         if heartbeat.SHUTTING_DOWN.is_set():
             reason = reason or "shutdown"
@@ -330,18 +382,27 @@ def _search(claim: progress.Claim) -> None:
     tasks = plan.all_tasks
     positions = {t.key: i for i, t in enumerate(tasks)}
     team = team_of(settings, Job, claim.job_id)  # its own imports are trusted by its search too (server.trust)
-    db = SQLDatabase(settings.database_url, created_by=f"job/{claim.job_id}", job_id=claim.job_id, team_id=team)
+    db = PatientDatabase(
+        settings.database_url,
+        settings,
+        _stopping,
+        created_by=f"job/{claim.job_id}",
+        job_id=claim.job_id,
+        team_id=team,
+    )
     try:
         db.describe_workloads(tasks)
         progress.ensure_model_tasks(settings, claim.model_id, tasks)
         target = _wait_for_target(claim)
+        claim = _settle_earlier_attempts(claim)
         report = _Progress(claim, positions)
         trials = claim.trials - claim.trials_done
         time_left = None if claim.time_budget_s is None else claim.time_budget_s - claim.tuning_s
-        if trials <= 0 or (time_left is not None and time_left <= 0):
-            return
-        prior, line = ModelCache().load_or_train(db, db.identity, target)
-        log.info("job %d: %s", claim.job_id, line)
+        budget_left = trials > 0 and (time_left is None or time_left > 0)
+        prior = None
+        if budget_left:
+            prior, line = ModelCache().load_or_train(db, db.identity, target)
+            log.info("job %d: %s", claim.job_id, line)
         options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache, or
         # the part of it the host keeps for them (measured, where this host is of the measuring class: a VM reports
@@ -358,6 +419,7 @@ def _search(claim: progress.Claim) -> None:
             positions=positions,
             options=RunnerOptions(cold_constants=cold),
             interrupted=lambda: _interruption(claim),
+            stopping=_stopping,
         )
         sched = TaskScheduler(
             tasks,
@@ -370,12 +432,27 @@ def _search(claim: progress.Claim) -> None:
             callback=report,
             choices=plan.choices,
         )
-        sched.resume()
+        sched.resume(train=budget_left)
         report.write(sched, point=False, check=True)  # what the records hold, before this attempt's first round
-        sched.run()
-        report.write(sched, point=False, check=False)  # end_job settles a cancel that came after the last round
+        if budget_left:
+            sched.run()
+            report.write(sched, point=False, check=False)  # end_job settles a cancel that came after the last round
     finally:
         db.close()
+        _renewed.pop((claim.job_id, claim.attempt), None)
+
+
+def _settle_earlier_attempts(claim: progress.Claim) -> progress.Claim:
+    """Wait for the batches an earlier attempt left with live workers (progress.settle_batches; a lost search's last
+    round was never reported), then count every record the job stored as done: the budget left is what the job has
+    not measured, and the records it reports are the ones stored for it."""
+    while _patiently(f"job {claim.job_id}: settling batches", lambda: progress.settle_batches(settings, claim.job_id)):
+        reason = _patiently(f"job {claim.job_id}: checking in", lambda: _interruption(claim))
+        if reason:
+            raise JobInterrupted(reason)
+        time.sleep(WAIT_FOR_WORKER_S)
+    measured = _patiently(f"job {claim.job_id}: counting", lambda: progress.job_measured(settings, claim.job_id))
+    return dataclasses.replace(claim, trials_done=max(claim.trials_done, measured))
 
 
 # ---------------------------------------------------------------------------------------------- verify imports

@@ -22,16 +22,22 @@ def health(settings: SettingsDep) -> Health:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except Exception as e:
-        raise Unavailable(f"the database does not answer: {type(e).__name__}", code="database_unavailable") from None
+        why = _first_line(getattr(e, "orig", None) or e)  # the driver's words, without SQLAlchemy's wrapping
+        raise Unavailable(f"the database does not answer: {why}", code="database_unavailable") from None
     if not settings.embedded:  # the farm's broker: jobs queue there, so a service without it cannot tune
         try:
             with redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2) as broker:
                 broker.ping()
         except (redis.RedisError, OSError, ValueError) as e:
-            raise Unavailable(f"the broker does not answer: {type(e).__name__}", code="broker_unavailable") from None
+            raise Unavailable(f"the broker does not answer: {_first_line(e)}", code="broker_unavailable") from None
     return Health(
         status="ok",
         version=VERSION,
         database=engine.dialect.name,
         broker="embedded" if settings.embedded else "redis",
     )
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}"[:300] if lines else type(e).__name__
