@@ -355,7 +355,7 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     if args.tuning_records:
         _take_prior(db, args, where)
     progress = TuneProgress(args.trials, args.time_budget)
-    model = _cost_model(args, db if args.database else None)
+    model = _cost_model(args, db if args.database else None, target)
     with (
         LocalBuilder(target=target) as builder,
         LocalRunner(
@@ -415,9 +415,10 @@ def _take_prior(db, args: argparse.Namespace, where: str) -> None:
     args.resume = True
 
 
-def _cost_model(args: argparse.Namespace, database=None):
+def _cost_model(args: argparse.Namespace, database=None, target=None):
     """The model named by the options; with a SQL database (and no --model-file or --no-transfer), an XGBoost model
-    whose prior is pre-trained on every record of this host class in that database."""
+    whose prior is pre-trained on every record of the tuning target's host class (default: this host's) in that
+    database."""
     from compiler.costs.cost_model import RandomModel, XGBModel
     from compiler.costs.records import RecordError
 
@@ -432,7 +433,7 @@ def _cost_model(args: argparse.Namespace, database=None):
     if database is not None and not args.no_transfer:
         from compiler.search.transfer import ModelCache
 
-        prior, line = ModelCache().load_or_train(database, database.identity, host_target())
+        prior, line = ModelCache().load_or_train(database, database.identity, target or host_target())
         print(line, flush=True)
     return XGBModel(seed=args.seed, prior=prior)
 

@@ -17,6 +17,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from compiler.search.budget import shortfall
+
 TABLE_EVERY = 10  # plain output: the whole per-task table every this many rounds, a line for the others
 
 
@@ -133,24 +135,16 @@ def budget_note(first_rounds: Sequence[int], weights: Sequence[int], budget: int
     trials one round per task takes, which tasks the budget reaches (the warm-up measures them in order) and what
     becomes of the others. None when the budget covers them. `first_rounds`: per task the trials of its first round
     (0: measured already); `weights`: its calls in the model (0: another form of a conv, compiled only if faster)."""
-    need = sum(first_rounds)
-    if budget >= need:
+    short = shortfall(first_rounds, weights, budget)
+    if short is None:
         return None
-    left, reached = budget, 0
-    for n in first_rounds:
-        if n and left > 0:
-            reached += 1
-            left -= n
-    todo = [w for n, w in zip(first_rounds, weights) if n]
-    if reached == len(todo):  # every task gets a round, if a short one
-        return None
-    forms = sum(1 for w in todo if not w)
-    of = f" ({len(todo) - forms} of the model's, {forms} other forms of its convs)" if forms else ""
+    need, reached, forms, todo = short.need, short.reached, short.forms, short.tasks
+    of = f" ({todo - forms} of the model's, {forms} other forms of its convs)" if forms else ""
     lost = "keeps its default schedule when compiled" + (", a conv form never measured is not taken" if forms else "")
     return (
-        f"note: {budget} trials do not give every task its first round: one round for each of the {len(todo)} tasks "
+        f"note: {budget} trials do not give every task its first round: one round for each of the {todo} tasks "
         f"to measure{of} takes {need} trials. With {budget}, about {reached} task{'s are' if reached > 1 else ' is'} "
-        f"measured (in the table's order) and {len(todo) - reached} not: a task never measured {lost}, and there is "
+        f"measured (in the table's order) and {todo - reached} not: a task never measured {lost}, and there is "
         f"no end-to-end estimate. --trials {need} or more gives every task a round, and the rest of the budget goes "
         "to the tasks where the most time can be won."
     )

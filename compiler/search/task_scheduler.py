@@ -30,6 +30,7 @@ from compiler.costs.cost_model import CostModel, XGBModel
 from compiler.costs.measure import PROGRAM_FAULTS, Builder, MeasureInput, MeasureResult, Runner, to_record
 from compiler.costs.records import CACHE_CONDITIONS, Database, TuningRecord, best_replaying, target_name, training_group
 from compiler.schedule.state import apply_steps, program_key, step_from_record
+from compiler.search.budget import first_round_size
 from compiler.search.evolution import Candidate, SearchParams, SearchPolicy
 from compiler.targets import backend_for, host_target
 from compiler.tensor.tasks import (
@@ -43,7 +44,6 @@ from compiler.tensor.tasks import (
 )
 
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
-WARMUP_MIN = 16  # the smallest first round of a task
 SHARED_BEST = 4  # programs a task hands each sibling task per round (TuneOptions.share_siblings)
 CONFIRM_PER_ROUND = 3  # programs of one round timed a second time at most (TuneOptions.confirm_best)
 RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by side, when tuning ends (retime_best)
@@ -329,13 +329,9 @@ class TaskScheduler:
         return [q for q in self.progress if _similarity_tag(q.task) == tag]
 
     def _warmup_size(self, p: TaskProgress) -> int:
-        """Ansor's warm-up measures a full round of every task. Here a task's first round shrinks with its share of
-        the model's weighted FLOPs (down to WARMUP_MIN), so pooling, adds and 1x1 downsampling do not spend a
-        model's budget before the gradient rule can send it where the time is."""
-        per_round = self.options.measures_per_round
+        """The trials of the task's first round (compiler.search.budget.first_round_size)."""
         work = max(q.task.weight * q.task.flop_count for q in self.progress)
-        share = p.task.weight * p.task.flop_count / work if work else 1.0
-        return max(min(WARMUP_MIN, per_round), min(per_round, math.ceil(per_round * share)))
+        return first_round_size(self.options.measures_per_round, p.task.weight * p.task.flop_count, work)
 
     def first_round_trials(self) -> list[int]:
         """Per task, the trials of the first round the warm-up gives it (0 for a task measured already): their sum is
