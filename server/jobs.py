@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from compiler.costs.records import target_name
+from compiler.search.budget import first_round_sizes, shortfall
 from server import catalog
 from server.db import session_scope
 from server.models import ArtifactRow, Job, JobPoint, ModelTask, UploadedModel, WorkerRow, Workload
@@ -19,12 +20,14 @@ from server.schemas import (
     ArtifactOut,
     CompileRequest,
     Conflict,
+    Invalid,
     JobCreate,
     JobOut,
     JobTaskRow,
     NotFound,
     PointOut,
     Progress,
+    TooMany,
     Unavailable,
     as_utc,
 )
@@ -84,8 +87,15 @@ def get_job(session: Session, team_id: int, job_id: int, lock: bool = False) -> 
 
 
 def create_job(settings: Settings, team_id: int, request: JobCreate) -> JobOut:
-    """A queued job (attempt 1) on the requested host class, sent to the search queue."""
+    """A queued job (attempt 1) on the requested host class, sent to the search queue; within the team's share of the
+    farm (max_job_trials, max_active_jobs)."""
+    if request.trials > settings.max_job_trials:
+        raise Invalid(
+            f"trials: at most {settings.max_job_trials} per job on this server (TILEFARM_MAX_JOB_TRIALS), "
+            f"got {request.trials}; a job can be resumed for more once it ends"
+        )
     with session_scope(settings, write=False) as session:
+        _check_active_jobs(session, settings, team_id)
         model = catalog.get_model(session, team_id, request.model_id)
         target = catalog.resolve_target(session, settings, request.target, request.host)
     host = target.fingerprint()
@@ -145,6 +155,8 @@ def resume_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
     (owner_lost); its search resumes from the records database."""
     with session_scope(settings) as session:
         job = get_job(session, team_id, job_id, lock=True)
+        if job.state in RESUMABLE:
+            _check_active_jobs(session, settings, team_id)
         if job.state not in RESUMABLE and not _owner_lost(session, job, settings):
             lease = f" (its lease runs to {as_utc(job.lease_until):%H:%M:%S} UTC)" if job.lease_until else ""
             raise Conflict(
@@ -159,6 +171,55 @@ def resume_job(settings: Settings, team_id: int, job_id: int) -> JobOut:
         attempt = job.attempt
     _enqueue(settings, job_id, attempt)
     return job_out(settings, team_id, job_id)
+
+
+def _check_active_jobs(session: Session, settings: Settings, team_id: int) -> None:
+    """429 when the team already has max_active_jobs queued or running (checked before the write, so two requests at
+    the same moment may both pass: a share of the farm, not a hard quota)."""
+    active = session.scalar(
+        select(func.count()).select_from(Job).where(Job.team_id == team_id, Job.state.in_(("queued", "running")))
+    )
+    if active and active >= settings.max_active_jobs:
+        raise TooMany(
+            f"the team has {active} jobs queued or running, the most this server runs at once for one team "
+            "(TILEFARM_MAX_ACTIVE_JOBS): cancel one or wait for one to end",
+            code="too_many_jobs",
+        )
+
+
+def budget_note(job: Job, rows: list[JobTaskRow]) -> str | None:
+    """What the job's trial budget leaves out, or why a finished job has no estimate (None: nothing to say). The
+    first rounds are the scheduler's own (compiler.search.budget); a task with trials is measured already."""
+    weights = [r.weight or 0 for r in rows]
+    works = [(r.weight or 0) * (r.flops or 0) for r in rows]
+    firsts = [0 if r.trials else n for r, n in zip(rows, first_round_sizes(job.per_round, works))]
+    if job.state in TERMINAL:
+        if job.estimated_latency is not None or job.state == "failed" and job.error_message:
+            return None
+        never = [r for r in rows if r.weight and not r.trials]
+        failed = [r for r in rows if r.weight and r.trials and r.latency_s is None]
+        why = []
+        if never:
+            why.append(f"{len(never)} of the model's {sum(1 for w in weights if w)} tasks were never measured "
+                       f"(the budget ended before their first round)")  # fmt: skip
+        if failed:
+            why.append(f"no program of {len(failed)} tasks ran (the job's errors say why)")
+        if not why:
+            return None
+        more = f"; resume it with {sum(firsts)} trials or more to give each its first round" if never else ""
+        return f"no end-to-end estimate: {'; '.join(why)}. Those tasks compile with their default schedules{more}"
+    short = shortfall(firsts, weights, job.trials - job.trials_done)
+    if short is None:
+        return None
+    own = short.tasks - short.forms
+    forms = f" ({own} of the model's, {short.forms} other forms of its convs)" if short.forms else ""
+    left = short.tasks - short.reached
+    return (
+        f"{short.budget} trials do not give every task its first round: one round for each of the {short.tasks} tasks "
+        f"to measure{forms} takes {short.need}. About {short.reached} will be measured and {left} not: a task never "
+        "measured keeps its default schedule when compiled, and the job will have no end-to-end "
+        f"estimate. {short.need} trials or more give every task a round, the rest going where the most time is won."
+    )
 
 
 def _model_task_table(session: Session, model_id: int) -> list[dict]:
@@ -176,6 +237,7 @@ def job_view(session: Session, job: Job, model_name: str | None = None) -> JobOu
     if model_name is None:
         model_name = session.get_one(UploadedModel, job.model_id).name
     rows = job.tasks if isinstance(job.tasks, list) else _model_task_table(session, job.model_id)
+    table = [JobTaskRow.model_validate({"position": i, **r}) for i, r in enumerate(rows) if isinstance(r, dict)]
     return JobOut(
         id=job.id,
         model_id=job.model_id,
@@ -197,7 +259,8 @@ def job_view(session: Session, job: Job, model_name: str | None = None) -> JobOu
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        tasks=[JobTaskRow.model_validate({"position": i, **r}) for i, r in enumerate(rows) if isinstance(r, dict)],
+        tasks=table,
+        note=budget_note(job, table),
     )
 
 

@@ -81,6 +81,10 @@ class Invalid(ApiError):
     status_code, code = 422, "invalid_request"
 
 
+class TooMany(ApiError):
+    status_code, code = 429, "too_many_requests"
+
+
 class Unavailable(ApiError):
     status_code, code = 503, "unavailable"
 
@@ -242,6 +246,9 @@ class JobOut(BaseModel):
     started_at: Timestamp | None
     finished_at: Timestamp | None
     tasks: list[JobTaskRow]
+    # what the trial budget leaves out (a budget too small to give every task its first round: said when the job is
+    # created), or why a finished job has no estimate; None when there is nothing to say
+    note: str | None = None
 
 
 class PointOut(BaseModel):

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     max_model_value_bytes: int = Field(default=1 << 30, gt=0)
     max_model_fold_bytes: int = Field(default=256 << 20, gt=0)
     max_model_nodes: int = Field(default=200_000, gt=0)
+    # a team's share of the farm: the most trials one job may ask for, and the most jobs it may have queued or running
+    # at once (a create or resume past it answers 429 too_many_jobs); docs/operations.md lists every limit
+    max_job_trials: int = Field(default=100_000, gt=0)
+    max_active_jobs: int = Field(default=8, gt=0)
     # a worker heartbeats every heartbeat_s; one silent for worker_grace_s is lost (its batch is sent again)
     heartbeat_s: float = 5.0
     worker_grace_s: float = 30.0

@@ -420,6 +420,46 @@ def test_job_requests_are_validated(client, model):
     assert_error(client.post(f"{API}/jobs", content=b"{"), 422, "invalid_request")
 
 
+def test_a_teams_share_of_the_farm_is_limited_and_said(client, settings, model):
+    """TILEFARM_MAX_JOB_TRIALS and TILEFARM_MAX_ACTIVE_JOBS (docs/operations.md): past them a job is refused naming
+    the setting, and nothing is queued."""
+    app_settings = client.app.state.settings  # frozen: set as TILEFARM_MAX_* in the environment would
+    object.__setattr__(app_settings, "max_job_trials", 100)
+    object.__setattr__(app_settings, "max_active_jobs", 2)
+    detail = assert_error(
+        client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 101}), 422, "invalid_request"
+    )
+    assert "at most 100" in detail and "TILEFARM_MAX_JOB_TRIALS" in detail
+    first = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 100}).json()
+    client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 100})
+    detail = assert_error(client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5}), 429, "too_many_jobs")
+    assert "2 jobs queued or running" in detail and "TILEFARM_MAX_ACTIVE_JOBS" in detail
+    assert len(broker_messages(settings, "search")) == 2
+    client.post(f"{API}/jobs/{first['id']}/cancel")  # one ends: a new one fits, and resuming the ended one does not
+    third = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5})
+    assert third.status_code == 201, third.text
+    assert_error(client.post(f"{API}/jobs/{first['id']}/resume"), 429, "too_many_jobs")
+
+
+def test_a_budget_short_of_every_first_round_is_said_when_the_job_is_made(client, settings, model):
+    """The job says before it starts what too few trials leave out (the scheduler's own first rounds), and a finished
+    job without an estimate says why."""
+    tasks = [t for t in model["tasks"] if t["weight"]]
+    assert len(tasks) >= 2
+    short = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 1, "per_round": 64}).json()
+    assert short["note"].startswith("1 trials do not give every task its first round")
+    assert "About 1 will be measured" in short["note"] and "no end-to-end estimate" in short["note"]
+    enough = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5000, "per_round": 64}).json()
+    assert enough["note"] is None
+    table = [{**t, "trials": 8 if i == 0 else 0, "latency_s": 1e-4 if i == 0 else None} for i, t in enumerate(tasks)]
+    with session_scope(settings) as session:
+        row = session.get_one(Job, short["id"])
+        row.state, row.trials_done, row.tasks = "succeeded", 1, table
+    done = client.get(f"{API}/jobs/{short['id']}").json()
+    assert done["note"].startswith(f"no end-to-end estimate: {len(tasks) - 1} of the model's {len(tasks)} tasks")
+    assert "resume it with" in done["note"]
+
+
 def test_progress_points_and_event_stream(client, settings, model):
     job = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 16}).json()
     table = [{"position": 0, "name": "fused_conv_relu", "flops": 1, "weight": 1, "latency_s": 1e-4, "trials": 8}]

@@ -38,7 +38,7 @@ POLL_S = 0.5  # how often the event stream looks at the job
 KEEPALIVE_S = 15.0  # a comment line this often when nothing changed, so proxies keep the connection open
 
 
-@router.post("/jobs", status_code=status.HTTP_201_CREATED, responses=error_responses(404, 503))
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, responses=error_responses(404, 429, 503))
 def create_job(body: JobCreate, who: CurrentTeam, settings: SettingsDep) -> JobOut:
     return jobs.create_job(settings, who.team_id, body)
 
@@ -65,7 +65,7 @@ def cancel_job(job_id: Id, who: CurrentTeam, settings: SettingsDep) -> JobOut:
     return jobs.cancel_job(settings, who.team_id, job_id)
 
 
-@router.post("/jobs/{job_id}/resume", responses=error_responses(404, 409, 503))
+@router.post("/jobs/{job_id}/resume", responses=error_responses(404, 409, 429, 503))
 def resume_job(job_id: Id, who: CurrentTeam, settings: SettingsDep) -> JobOut:
     """Queue a failed or cancelled job again; it goes on from the records it has measured."""
     return jobs.resume_job(settings, who.team_id, job_id)

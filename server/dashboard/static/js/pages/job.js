@@ -125,7 +125,8 @@ export function render(root, view, id) {
       points: []})));
     show(facts, summary(state.job),
       state.job.error_message ? message(state.job.error_message, state.job.state === "failed" ? "error" : "info")
-        : null);
+        : null,
+      state.job.note ? message(state.job.note, "info") : null);
     tasks.update(state.job.tasks);
     if (!tasksSlot.contains(tasks.wrapper)) show(tasksSlot, tasks.wrapper);
     if (fresh.length || plot.getAttribute("aria-busy") !== "false") {
