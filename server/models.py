@@ -280,3 +280,5 @@ class ArtifactRow(Base):
     error_message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = _created_at()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the worker building it: one that stops answering loses the build, which is queued again (workers.progress)
+    worker: Mapped[str | None] = mapped_column(String(255))

@@ -660,3 +660,129 @@ def test_a_full_disk_keeps_nothing_half_written(tmp_path):
         assert (folder / "small.bin").read_bytes() == b"whole"
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# ---------------------------------------------------------------------------------------------- builds, no farm
+
+
+@pytest.fixture
+def builds_db(jobs_db):
+    """jobs_db, with a measure worker "m@x" silent past the grace, and a function making a building artifact."""
+    from sqlalchemy import select
+
+    from server.db import session_scope
+    from server.models import ArtifactRow, UploadedModel, WorkerRow
+    from workers import progress
+
+    settings, team_id, _ = jobs_db
+    with session_scope(settings) as s:
+        model_id = s.scalars(select(UploadedModel)).one().id
+        silent = progress.now() - timedelta(seconds=settings.worker_grace_s + 1)
+        s.add(WorkerRow(name="m@x", kind="cpu", queues=["measure.cpu.h"], measurements_done=0, last_heartbeat=silent))
+
+    def building(worker: str | None) -> int:
+        with session_scope(settings) as s:
+            a = ArtifactRow(team_id=team_id, model_id=model_id, state="building", target="llvm", host="h")
+            a.worker = worker
+            s.add(a)
+            s.flush()
+            return a.id
+
+    return settings, building
+
+
+def _artifact(settings, artifact_id: int):
+    from server.db import session_scope
+    from server.models import ArtifactRow
+
+    with session_scope(settings, write=False) as s:
+        return s.get_one(ArtifactRow, artifact_id)
+
+
+def test_a_lost_build_is_queued_again_then_failed_saying_why(builds_db):
+    """An artifact building on a worker that stopped answering is queued again (its message sent to the host class's
+    measure queue), at most TILEFARM_JOB_REQUEUES times in a row, then failed saying why; one whose worker is alive
+    is left building."""
+    from workers import progress
+
+    settings, building = builds_db
+    lost, live = building("m@x"), building("w@x")
+    assert progress.reap_lost_builds(settings) == [(lost, "measure.cpu.h")]
+    a = _artifact(settings, lost)
+    assert a.state == "queued" and a.worker is None
+    assert a.error_message == "queued again (1 of 2) after its build was lost: its worker m@x stopped answering"
+    assert _artifact(settings, live).state == "building"
+    for try_number in (2, 3):  # taken by a worker that dies too (n@x never heartbeats): counted, then failed
+        job = progress.artifact_building(settings, lost, "n@x")
+        assert job is not None and job.try_number == try_number
+        progress.reap_lost_builds(settings)
+    a = _artifact(settings, lost)
+    assert a.state == "failed" and a.finished_at is not None, a.error_message
+    assert a.error_message == (
+        "its build was lost 3 times in a row (last: its worker n@x stopped answering); compile the model again once "
+        "its workers are healthy"
+    )
+
+
+def test_a_redelivered_compile_takes_a_lost_build_over_and_the_lost_builder_stores_nothing(builds_db):
+    """A compile message given back after its worker died (Redis's visibility timeout, a requeue) takes the build
+    over before any reaper saw it, counted as a lost build; a duplicate while a live worker builds is skipped; the
+    lost worker's late result (a frozen worker that thaws) changes nothing. A worker restarted under the name of
+    one that was building loses that build at once."""
+    from workers import progress
+
+    settings, building = builds_db
+    artifact_id = building("m@x")
+    job = progress.artifact_building(settings, artifact_id, "w@x")
+    assert job is not None and job.try_number == 2
+    assert progress.artifact_building(settings, artifact_id, "v@x") is None  # w@x is alive and builds it
+    fields = {"path": "p", "sha256": "0" * 64, "size_bytes": 1, "records_used": []}
+    assert not progress.artifact_ready(settings, artifact_id, "m@x", **fields)
+    assert not progress.artifact_failed(settings, artifact_id, "m@x", "late")
+    assert progress.artifact_ready(settings, artifact_id, "w@x", **fields)
+    a = _artifact(settings, artifact_id)
+    assert a.state == "ready" and a.error_message == "" and a.worker == "w@x"
+    again = building("w@x")
+    assert progress.reap_lost_builds(settings) == []  # w@x heartbeats
+    assert progress.reap_lost_builds(settings, restarted="w@x") == [(again, "measure.cpu.h")]
+    assert _artifact(settings, again).error_message.endswith("after its build was lost: its worker w@x restarted")
+
+
+# ---------------------------------------------------------------------------------------------- builds, live
+
+
+def test_kill_measure_worker_mid_build(live, record_property):
+    """kill -9 of the measure worker while it builds an artifact (a 120-layer model: seconds of compiling): serve
+    restarts it, the build is queued again (the worker back under its name, or another's reaper, whichever is first:
+    the message says which), built whole, and downloads with its checksum; no temporary file is left."""
+    import hashlib
+    import re
+
+    from tests.test_workers import chain_model
+
+    model = live.ok("POST", "/models", 201, files={"file": ("chain.onnx", chain_model(120).SerializeToString())})
+    with Prober(live, None) as prober:
+        art = live.ok("POST", f"/models/{model['id']}/compile", 202, json={})
+        path = f"/artifacts/{art['id']}"
+        wait("the build", lambda: live.ok("GET", path)["state"] == "building", 60, every=0.05)
+        victim = live.worker("measure")
+        os.killpg(victim.pid, signal.SIGKILL)
+        assert live.ok("GET", path)["state"] == "building"  # killed mid-build
+        rebuilt = wait("a second build", lambda: (a := live.ok("GET", path))["error_message"] and a, 60, every=0.1)
+        done = wait("the artifact", lambda: (a := live.ok("GET", path))["state"] in ("ready", "failed") and a, 120)
+    lost = r"queued again \(1 of 3\) after its build was lost: "
+    lost += r"its worker faults-measure0@\S+ (restarted|stopped answering)"
+    assert re.fullmatch(lost, rebuilt["error_message"]), rebuilt
+    assert done["state"] == "ready" and done["error_message"] == "", done
+    r = live.client.get(f"{path}/download")
+    assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == r.headers["X-Checksum-SHA256"]
+    assert not list((live.storage / "artifacts").glob(".*.partial"))
+    row = {
+        "fault": "kill -9 measure worker mid-build (compile)",
+        "job": f"artifact ready after a second build ({rebuilt['error_message'].split(': ', 1)[1]})",
+        "records": "no tuning job (a compile reads records only)",
+        "api": prober.says(),
+    }
+    record_property("fault_row", row)
+    print(row)
+    prober.check({200})

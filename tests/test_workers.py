@@ -369,6 +369,58 @@ def test_killed_search_worker_job_is_resumed(farm):
     assert _duplicates(farm) == 0
 
 
+def chain_model(layers: int):
+    """y = relu(...relu(x @ w1)... @ wn), each layer a width of its own: a model with many distinct kernels, whose
+    compile takes seconds (about 4 s for 120 layers, alone on a 2-core VM) and leaves time to kill its worker."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(layers)
+    nodes, weights, prev, width = [], [], "x", 64
+    for i in range(layers):
+        out = 65 + i
+        weights.append(numpy_helper.from_array((rng.standard_normal((width, out)) * 0.1).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]))
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [f"r{i}"]))
+        prev, width = f"r{i}", out
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])
+    y = helper.make_tensor_value_info(prev, TensorProto.FLOAT, [4, width])
+    graph = helper.make_graph(nodes, "chain", [x], [y], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_artifact_whose_worker_dies_mid_build_is_built_again(farm):
+    """kill -9 of the measure worker building an artifact: another worker's heartbeat sees it silent, queues the
+    build again (saying why in the artifact's message while it builds), and the other measure worker builds it whole;
+    the killed build's temporary file is gone."""
+    model_id = farm.add_model("chain.onnx", chain_model(120).SerializeToString())
+    with session_scope(farm.settings) as s:
+        a = ArtifactRow(
+            team_id=farm.team_id, model_id=model_id, state="queued", target=target_name(host_target()),
+            host=farm.fingerprint,
+        )  # fmt: skip
+        s.add(a)
+        s.flush()
+        artifact_id = a.id
+    enqueue_compile(farm.settings, artifact_id, farm.queue)
+
+    def row() -> ArtifactRow:
+        with session_scope(farm.settings, write=False) as s:
+            return s.get_one(ArtifactRow, artifact_id)
+
+    victim = farm.wait(lambda: (r := row()).state == "building" and r.worker, 60, f"artifact {artifact_id} building")
+    farm.kill(victim)
+    assert row().state == "building"  # killed mid-build (the build takes seconds)
+    rebuilt = farm.wait(lambda: (r := row()).state == "building" and r.worker != victim and r, 60, "a rebuild")
+    why = f"queued again (1 of 3) after its build was lost: its worker {victim} stopped answering"
+    assert rebuilt.error_message == why
+    done = farm.wait(lambda: (r := row()).state in ("ready", "failed") and r, 120, f"artifact {artifact_id} built")
+    assert done.state == "ready" and done.error_message == "" and done.worker == rebuilt.worker, done.error_message
+    assert hashlib.sha256(Path(done.path).read_bytes()).hexdigest() == done.sha256
+    assert not list((farm.settings.storage / "artifacts").glob(f".{artifact_id}.tar*.partial"))
+    farm.start(victim.split("@")[0], "measure")  # back under its name, for the tests after this one
+    farm.wait_ready(victim)
+
+
 def test_a_broken_model_fails_its_job_with_one_line(farm):
     with session_scope(farm.settings) as s:
         m = UploadedModel(

@@ -8,6 +8,7 @@ grace), and `EmbeddedService`, a context manager that runs them all."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from tilefarm.remote import Client, RemoteError, job_table, token_file
 
 DEFAULT_TEAM = "default"
 STOP_GRACE_S = 10.0
+API_STOP_S = 3.0  # Ctrl-C or SIGTERM: how long the API waits for open requests (event streams) before it ends them
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -115,15 +117,21 @@ def start_api(host: str, port: int, environ: Mapping[str, str], log_dir: Path | 
     return _spawn(cmd, environ, log_dir / "api.log" if log_dir else None)
 
 
-def stop(procs: Sequence[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM every process group (Celery's warm shutdown, uvicorn's graceful one), SIGKILL what is left after
-    `grace_s`, and reap them all."""
+def signal_groups(procs: Sequence[subprocess.Popen], sig: int) -> None:
+    """Send `sig` to the process group of every process still running."""
     for p in procs:
         if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def stop(procs: Sequence[subprocess.Popen], grace_s: float = STOP_GRACE_S, sig: int | None = signal.SIGTERM) -> None:
+    """Send `sig` to every process group (SIGTERM: Celery's warm shutdown, uvicorn's graceful one; None: sent
+    already), SIGKILL what is left after `grace_s`, and reap them all."""
+    if sig is not None:
+        signal_groups(procs, sig)
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:
@@ -257,6 +265,8 @@ def supervise(
     while not stopping.wait(0.2):
         now = time.monotonic()
         for i, p in enumerate(procs):
+            if stopping.is_set():  # the service stops: its workers exit now, and are not restarted
+                return
             if p.poll() is None:
                 if now - since[i] >= STEADY_S:
                     delay[i] = delays[0]
@@ -276,9 +286,28 @@ def _sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through `finally`, which stops the workers
 
 
+class _QuietStop(logging.Filter):
+    """Ctrl-C prints one line: uvicorn's lines about its shutdown (its INFO lines, and the ending of open requests,
+    event streams mostly, after API_STOP_S) are left out once it is stopping; any other error is not."""
+
+    def __init__(self, server):
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.should_exit:
+            return True
+        return record.levelno >= logging.ERROR and not str(record.msg).startswith("Cancel %s running task")
+
+
+INTERRUPT_GRACE_S = 10.0  # after Ctrl-C, a worker still running this long is killed (they stop in about 5 s)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the tilefarm service: the REST API on --host/--port and its worker processes (embedded defaults: SQLite
-    and a file-system broker under ~/.local/share/tilefarm; TILEFARM_DATABASE_URL/TILEFARM_BROKER_URL for a farm)."""
+    and a file-system broker under ~/.local/share/tilefarm; TILEFARM_DATABASE_URL/TILEFARM_BROKER_URL for a farm).
+    Ctrl-C stops the API and the workers at once (each hands its work back: workers.worker), says so in one line and
+    exits 130; SIGTERM stops them the same way, the workers finishing a compile they began."""
     import uvicorn
 
     from server.settings import Settings
@@ -298,32 +327,65 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers: list[subprocess.Popen] = []
     stopping = threading.Event()
     supervisor: threading.Thread | None = None
+    received: list[tuple[int, float]] = []  # the signals that stop the service (and when), each passed to the workers
+
+    def on_exit(sig: int) -> None:
+        received.append((sig, time.monotonic()))
+        stopping.set()  # before the workers exit: the supervisor restarts none of them
+        signal_groups(workers, sig)  # they stop while the API does
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            on_exit(sig)
+            super().handle_exit(sig, frame)
+
     try:
         if not args.no_workers and args.workers > 0:
             prefix = f"serve{args.port}-"
-            workers = start_workers(args.workers, os.environ, prefix=prefix)
+            workers = start_workers(args.workers, os.environ, prefix=prefix, args=["--supervised"])
             specs = worker_specs(args.workers, prefix)
             started = ", ".join(f"{n} (pid {p.pid})" for (n, _), p in zip(specs, workers))
             print(f"started workers: {started}", flush=True)
             names = [n for n, _ in specs]
 
             def respawn(i: int) -> subprocess.Popen:
-                return start_worker(specs[i], os.environ)
+                return start_worker(specs[i], os.environ, args=["--supervised"])
 
             supervisor = threading.Thread(target=supervise, args=(workers, names, respawn, stopping), daemon=True)
             supervisor.start()
         print(f"API on http://{args.host}:{args.port}/api/v1 (OpenAPI: /openapi.json); Ctrl-C stops", flush=True)
-        uvicorn.run("server.app:create_app", factory=True, host=args.host, port=args.port, log_level=args.log_level)
-    except KeyboardInterrupt:
-        pass
+        config = uvicorn.Config(
+            "server.app:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=int(API_STOP_S),
+        )
+        server = Server(config)
+        logging.getLogger("uvicorn.error").addFilter(_QuietStop(server))
+        server.run()
+        if not server.started and not received:
+            return 3  # uvicorn said why (the port taken, say), as uvicorn.run exits
+    except KeyboardInterrupt:  # uvicorn raises again the SIGINT it stopped on; or Ctrl-C came before it ran
+        if not received:
+            on_exit(signal.SIGINT)
     finally:
+        # a Ctrl-C while the workers stop (a second one) is passed to them: they leave at once
+        signal.signal(signal.SIGINT, lambda signum, frame: signal_groups(workers, signal.SIGINT))
         stopping.set()
         if supervisor is not None:
             supervisor.join()  # no restart after this: every worker it started is in `workers`
-        if workers:
+        if workers and not received:
             print("stopping the workers", flush=True)
-            stop(workers, grace_s=settings.worker_grace_s)
-    return 0
+        interrupted = bool(received) and received[0][0] == signal.SIGINT
+        grace = min(settings.worker_grace_s, INTERRUPT_GRACE_S) if interrupted else settings.worker_grace_s
+        stop(workers, grace_s=grace, sig=None if received else signal.SIGTERM)
+        if received:
+            what = f"the API and {len(workers)} worker{'s' if len(workers) != 1 else ''}" if workers else "the API"
+            said = f"tilefarm serve stopped in {time.monotonic() - received[0][1]:.1f} s ({what})"
+            print(f"interrupted: {said}" if interrupted else said, file=sys.stderr, flush=True)
+    return 130 if interrupted else 0
 
 
 # ---------------------------------------------------------------------------------------------------- demo

@@ -6,12 +6,17 @@ folder, moves the first matching file away and parses it without waiting for the
 between the two reads an empty file, and the JSON error stops its worker. Under load (the test suite on 2 cores)
 that happened: the dashboard's measurement worker died before the job's first batch. Here the message is written
 under a name no consumer matches and renamed into place, which is atomic within one folder.
+
+And a worker's wait for messages ends at its next poll once the worker stops (WAKE), not after the 2 s Celery's
+consumer loop waits, so Ctrl-C is seen at once.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
+from queue import Empty
 from time import monotonic
 
 from kombu.exceptions import ChannelError
@@ -20,6 +25,7 @@ from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 SCHEME = "tilefarm-fs"  # the broker URL scheme make_celery registers for this transport
+WAKE = threading.Event()  # set when this process's worker stops (workers.worker): a wait for messages ends
 
 
 class Channel(filesystem.Channel):
@@ -38,3 +44,17 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    # kombu's virtual Transport.drain_events (its signature, not its base's), except that the sleep between polls
+    # ends when WAKE is set
+    def drain_events(self, connection, timeout=None):  # type: ignore[override]
+        assert self.cycle is not None  # made when the transport is
+        start = monotonic()
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if WAKE.is_set() or (timeout is not None and monotonic() - start >= timeout):
+                    raise TimeoutError from None  # socket.timeout, which Celery's loop expects
+                WAKE.wait(self.polling_interval or 0)

@@ -1,9 +1,11 @@
 """Worker liveness: a WorkerRow registered when the Celery node starts, a heartbeat from a daemon thread, stopped
 on a clean shutdown. Workers serving the search queue also reap: a running job whose search was lost (its lease ran
 out, its worker went silent) is queued again as a new attempt, and resumes from the records database on whichever
-search worker takes it (workers.progress.reap_lost_jobs). The heartbeat also stores what a measure worker spooled
-while the database was down (workers.spool). Through a database outage the heartbeat waits, saying so once; for a
-grace period after it, its worker judges no other lost (their heartbeats and leases could not be written either)."""
+search worker takes it (workers.progress.reap_lost_jobs). Every worker reaps builds: an artifact building on a
+worker that stopped answering is queued again (workers.progress.reap_lost_builds). The heartbeat also stores what a
+measure worker spooled while the database was down (workers.spool). Through a database outage the heartbeat waits,
+saying so once; for a grace period after it, its worker judges no other lost (their heartbeats and leases could not
+be written either)."""
 
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ from compiler.targets import host_target
 from server.settings import Settings
 from workers import progress, spool
 from workers.celery_app import SEARCH_QUEUE
-from workers.dispatch import enqueue_job
+from workers.dispatch import enqueue_compile, enqueue_job
 from workers.outage import DATABASE_DOWN, DOWN, first_line, limit_idle_transactions, patiently
 
 log = logging.getLogger("tilefarm.workers")
 
 # set when the worker begins a shutdown: a running search hands its job back instead of holding the worker up
 SHUTTING_DOWN = threading.Event()
+# what this worker's tasks handed back as it stopped ("job 3 queued again as attempt 2"), for its last line
+HANDED_BACK: list[str] = []
 
 
 @dataclasses.dataclass
@@ -94,6 +98,11 @@ def _on_setup(sender=None, instance=None, **_) -> None:
     for job_id, attempt in patiently(node.settings, "restart", lambda: progress.restarted(node.settings, name)):
         log.warning("job %d ran on %s before it restarted: queued again as attempt %d", job_id, name, attempt)
         _enqueue(node.settings, job_id, attempt)
+    for artifact_id, queue in patiently(
+        node.settings, "restart", lambda: progress.reap_lost_builds(node.settings, restarted=name)
+    ):
+        log.warning("artifact %d was building on %s before it restarted: queued again", artifact_id, name)
+        _enqueue_compile(node.settings, artifact_id, queue)
     node.thread = threading.Thread(target=_beat, args=(node,), name="tilefarm-heartbeat", daemon=True)
     node.thread.start()
 
@@ -103,6 +112,13 @@ def _enqueue(settings: Settings, job_id: int, attempt: int) -> None:
         enqueue_job(settings, job_id, attempt)
     except DOWN as e:  # the job stays queued in the database, and is sent again after a lease (reap_lost_jobs)
         log.warning("job %d: could not queue attempt %d (%s); it is sent again later", job_id, attempt, first_line(e))
+
+
+def _enqueue_compile(settings: Settings, artifact_id: int, queue: str) -> None:
+    try:
+        enqueue_compile(settings, artifact_id, queue)
+    except DOWN as e:  # it stays queued in the database, with nothing on its way: compiling again makes another
+        log.warning("artifact %d: could not queue it again (%s)", artifact_id, first_line(e))
 
 
 def _beat(node: _Node) -> None:
@@ -132,6 +148,10 @@ def _beat(node: _Node) -> None:
         try:
             if spool.pending(settings):
                 spool.flush(settings)
+            if time.monotonic() >= judge_after:
+                for artifact_id, queue in progress.reap_lost_builds(settings):
+                    log.warning("artifact %d: its build was lost: queued again", artifact_id)
+                    _enqueue_compile(settings, artifact_id, queue)
             if node.reaps and time.monotonic() >= judge_after:
                 for job_id, attempt in progress.reap_lost_jobs(settings):
                     log.warning(

@@ -30,6 +30,7 @@ from server.models import (
 )
 from server.schemas import as_utc as aware  # SQLite gives datetimes back without their zone; all stored are UTC
 from server.settings import Settings
+from workers.celery_app import measure_queue
 
 
 def now() -> datetime:
@@ -408,6 +409,16 @@ def batch_finished(settings: Settings, batch_id: str, worker: str, measured: int
         )
 
 
+def batch_handed_back(settings: Settings, batch_id: str, worker: str) -> None:
+    """The worker stops before it measured the whole batch, whose message goes back on the queue: the row as if just
+    sent (no worker, not started), so its runner waits for whichever worker takes it."""
+    with session_scope(settings) as s:
+        b = s.get(MeasureBatch, batch_id, with_for_update=True)
+        if b is not None and b.state in ("sent", "running") and b.worker == worker:
+            b.state, b.worker, b.started_at = "sent", None, None
+        s.execute(update(WorkerRow).where(WorkerRow.name == worker).values(current_batch=None))
+
+
 def worker_idle(settings: Settings, worker: str) -> None:
     with session_scope(settings) as s:
         s.execute(update(WorkerRow).where(WorkerRow.name == worker).values(current_batch=None))
@@ -458,34 +469,143 @@ class ArtifactJob:
     model_path: str
     input_shapes: dict[str, list[int]] | None
     host: str
+    try_number: int  # 1, and one more for every build lost before this one (REBUILT)
 
 
-def artifact_building(settings: Settings, artifact_id: int) -> ArtifactJob | None:
-    """Take a queued artifact (state building); None if it is not queued (a duplicate message) or gone."""
+# the note an artifact queued again after losing its build carries (in error_message, until it is ready or fails):
+# how many builds in a row it lost, so a model whose build keeps killing its worker ends failed
+REBUILT = re.compile(r"^queued again \((\d+) of \d+\) after its build was lost")
+
+
+def build_lost(artifact: ArtifactRow, worker: WorkerRow | None, settings: Settings, at: datetime) -> str | None:
+    """Why a building artifact has no live builder (None: it has one): its worker stopped heartbeating or stopped
+    (a worker that leaves a build behind is marked stopped), or no worker holds it (built before workers said)."""
+    if artifact.worker is None:
+        waited = at - aware(artifact.created_at) > timedelta(seconds=settings.worker_grace_s)
+        return "no worker holds it" if waited else None
+    if worker is not None and worker.stopped:  # it left the build behind (workers.worker: Ctrl-C)
+        return f"its worker {artifact.worker} stopped before it was built"
+    if not alive(worker, settings, at):
+        return f"its worker {artifact.worker} stopped answering"
+    return None
+
+
+def _build_lost(artifact: ArtifactRow, why: str, settings: Settings) -> bool:
+    """A building artifact whose build was lost (`why`) is queued again (True: to send) up to settings.job_requeues
+    times in a row, else failed saying why."""
+    seen = REBUILT.match(artifact.error_message or "")
+    lost = (int(seen.group(1)) if seen else 0) + 1
+    artifact.worker = None
+    if lost > settings.job_requeues:
+        artifact.state, artifact.finished_at = "failed", now()
+        artifact.error_message = (
+            f"its build was lost {lost} times in a row (last: {why}); compile the model again once its workers are "
+            "healthy"
+        )
+        return False
+    artifact.state = "queued"
+    artifact.error_message = f"queued again ({lost} of {settings.job_requeues}) after its build was lost: {why}"
+    return True
+
+
+def reap_lost_builds(settings: Settings, restarted: str | None = None) -> list[tuple[int, str]]:
+    """Artifacts building on a worker that stopped answering, or (`restarted`) on the worker that starts under that
+    name now, are queued again or failed (_build_lost); returns (artifact id, measure queue) to send."""
+    out: list[tuple[int, str]] = []
+    q = select(ArtifactRow).where(ArtifactRow.state == "building")
+    if restarted is not None:
+        q = q.where(ArtifactRow.worker == restarted)
+    with session_scope(settings, write=False) as s:  # every heartbeat asks: no write lock unless one builds
+        if s.scalars(q.limit(1)).first() is None:
+            return out
+    with session_scope(settings) as s:
+        # FOR UPDATE SKIP LOCKED: two reapers on PostgreSQL never queue one artifact twice
+        artifacts = s.scalars(q.with_for_update(skip_locked=True)).all()
+        if not artifacts:
+            return out
+        workers = {w.name: w for w in s.scalars(select(WorkerRow))}
+        at = now()
+        for a in artifacts:
+            if restarted is not None:
+                why: str | None = f"its worker {restarted} restarted"
+            else:
+                why = build_lost(a, workers.get(a.worker or ""), settings, at)
+            if why is not None and _build_lost(a, why, settings):
+                out.append((a.id, _measure_queue(a.host, workers.values())))
+    return out
+
+
+def _measure_queue(host: str, workers) -> str:
+    """The measure queue of host class `host`, as a worker serving it names it (measure.<kind>.<host>)."""
+    for w in workers:
+        for q in w.queues or []:
+            if q.startswith("measure.") and q.endswith(f".{host}"):
+                return q
+    return measure_queue(host)
+
+
+def artifact_building(settings: Settings, artifact_id: int, worker: str) -> ArtifactJob | None:
+    """Take an artifact for `worker` (state building): a queued one, or one whose build was lost (its message came
+    back after its worker died, before a reaper saw it: counted as _build_lost does). None if it ended or is gone, or
+    a live worker builds it (a duplicate message)."""
     with session_scope(settings) as s:
         a = s.get(ArtifactRow, artifact_id, with_for_update=True)
-        if a is None or a.state != "queued":
+        if a is None:
+            return None
+        if a.state == "building" and a.worker != worker:
+            builder = s.scalars(select(WorkerRow).where(WorkerRow.name == a.worker)).first() if a.worker else None
+            why = build_lost(a, builder, settings, now())
+            if why is None or not _build_lost(a, why, settings):
+                return None
+        if a.state != "queued":
             return None
         model = s.get(UploadedModel, a.model_id)
         if model is None:
             a.state, a.error_message, a.finished_at = "failed", "the model no longer exists", now()
             return None
-        a.state = "building"
-        return ArtifactJob(a.id, model.name, model.path, model.input_shapes or None, a.host)
+        seen = REBUILT.match(a.error_message or "")
+        a.state, a.worker = "building", worker
+        tried = int(seen.group(1)) + 1 if seen else 1
+        return ArtifactJob(a.id, model.name, model.path, model.input_shapes or None, a.host, tried)
+
+
+def _built_by(s, artifact_id: int, worker: str) -> ArtifactRow | None:
+    """The artifact row, locked, if `worker` still builds it (not judged lost and taken by another meanwhile)."""
+    a = s.get(ArtifactRow, artifact_id, with_for_update=True)
+    return a if a is not None and a.state == "building" and a.worker == worker else None
+
+
+def artifact_builds(settings: Settings, artifact_id: int, worker: str) -> bool:
+    """Whether `worker` still builds the artifact (it was not judged lost, and taken by another, meanwhile)."""
+    with session_scope(settings, write=False) as s:
+        a = s.get(ArtifactRow, artifact_id)
+        return a is not None and a.state == "building" and a.worker == worker
+
+
+def artifact_handed_back(settings: Settings, artifact_id: int, worker: str) -> None:
+    """The worker stops before it began the build, whose message goes back on the queue: queued again."""
+    with session_scope(settings) as s:
+        a = _built_by(s, artifact_id, worker)
+        if a is not None:
+            a.state, a.worker = "queued", None
 
 
 def artifact_ready(
-    settings: Settings, artifact_id: int, *, path: str, sha256: str, size_bytes: int, records_used: list
-) -> None:
+    settings: Settings, artifact_id: int, worker: str, *, path: str, sha256: str, size_bytes: int, records_used: list
+) -> bool:
     with session_scope(settings) as s:
-        a = s.get(ArtifactRow, artifact_id, with_for_update=True)
-        if a is not None:
-            a.state, a.path, a.sha256, a.size_bytes, a.records_used = "ready", path, sha256, size_bytes, records_used
-            a.error_message, a.finished_at = "", now()
+        a = _built_by(s, artifact_id, worker)
+        if a is None:
+            return False
+        a.state, a.path, a.sha256, a.size_bytes, a.records_used = "ready", path, sha256, size_bytes, records_used
+        a.error_message, a.finished_at = "", now()
+        return True
 
 
-def artifact_failed(settings: Settings, artifact_id: int, message: str) -> None:
+def artifact_failed(settings: Settings, artifact_id: int, worker: str, message: str) -> bool:
     with session_scope(settings) as s:
-        a = s.get(ArtifactRow, artifact_id, with_for_update=True)
-        if a is not None:
-            a.state, a.error_message, a.finished_at = "failed", message, now()
+        a = _built_by(s, artifact_id, worker)
+        if a is None:
+            return False
+        a.state, a.error_message, a.finished_at = "failed", message, now()
+        return True

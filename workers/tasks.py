@@ -1,7 +1,12 @@
 """The farm's Celery tasks: drive a tuning job (search), measure a batch of candidates, compile an artifact.
 
 `celery -A workers.tasks worker` (or `tilefarm worker`) runs them. A worker process measures one batch at a time
-(MEASURE_LOCK): two measurements, or a compile beside a measurement, would share the cores and spoil the timings."""
+(MEASURE_LOCK): two measurements, or a compile beside a measurement, would share the cores and spoil the timings.
+
+When the worker stops (workers.worker), each task hands its work back rather than hold it up: a search queues its
+job again as a new attempt, a measurement stops after its current candidate, stores what it measured and puts its
+batch back on the queue (Reject with requeue: the same message, for any worker), and a compile or a re-measuring of
+imports not started yet goes back too. A compile already building is finished."""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from celery.exceptions import Reject
 from celery.signals import celeryd_after_setup, worker_shutdown
 
 from compiler.base.errors import TilefarmError
@@ -70,6 +76,24 @@ def _patiently(what: str, call):
     return patiently(settings, what, call, stop=_stopping)
 
 
+class _QuietHandBack(logging.Filter):
+    """Celery logs a rejected task at WARNING with a traceback; a hand back is said in the worker's last line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Reject))
+
+
+logging.getLogger("celery.app.trace").addFilter(_QuietHandBack())
+
+
+def _hand_back(what: str, note: str) -> NoReturn:
+    """The worker stops: this task's message goes back on its queue (the same message, for any worker), and the
+    worker's last line says `note`."""
+    heartbeat.HANDED_BACK.append(note)
+    log.info("%s: %s", what, note)
+    raise Reject(note, requeue=True)
+
+
 # ---------------------------------------------------------------------------------------------- measure
 
 
@@ -80,11 +104,15 @@ def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
     if not _patiently("taking a batch", lambda: progress.batch_taken(settings, batch_id, node)):
         return {"skipped": True}
     with MEASURE_LOCK:
+        if _stopping():  # it waited for another measurement, and the worker stops meanwhile
+            _hand_back_batch(batch_id, node, Stopped(0, len(payload["candidates"])))
         if not _patiently("starting a batch", lambda: progress.batch_running(settings, batch_id, node)):
             _patiently("going idle", lambda: progress.worker_idle(settings, node))
             return {"skipped": True}
         try:
             results = _measure(payload, batch_id)
+        except Stopped as e:
+            _hand_back_batch(batch_id, node, e)
         except BaseException:
             try:
                 progress.worker_idle(settings, node)
@@ -100,7 +128,28 @@ def measure_batch(self, payload: dict[str, Any]) -> dict[str, Any]:
     return {"results": results}
 
 
+class Stopped(Exception):
+    """The worker stopped in the middle of a batch: `measured` of its `size` candidates were measured and stored."""
+
+    def __init__(self, measured: int, size: int):
+        super().__init__(f"{measured} of {size} measured")
+        self.measured, self.size = measured, size
+
+
+def _hand_back_batch(batch_id: str, node: str, e: Stopped) -> NoReturn:
+    """The batch goes back on its queue, its row as if just sent: whichever worker takes it measures it whole (the
+    records stored so far are not stored twice), and its search waits for that, as for any batch."""
+    try:
+        progress.batch_handed_back(settings, batch_id, node)
+    except DOWN as err:  # the row says its worker, which is marked stopped: its runner sends the batch again
+        log.warning("batch %s: could not hand it back: %s", batch_id, first_line(err))
+    note = f"batch {batch_id[:8]} back on its queue, {e.measured} of {e.size} measured and stored"
+    _hand_back(f"batch {batch_id}", note)
+
+
 def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[str, Any]]:
+    """Build and run a batch's candidates and store them as records; the results. Raises Stopped once the worker
+    stops, after storing the candidates measured by then."""
     host = host_target()
     cands = payload["candidates"]
     options = RunnerOptions(**payload.get("options", {}))
@@ -118,7 +167,7 @@ def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[
             todo.append((i, MeasureInput(task, tuple(step_from_record(s) for s in c["steps"]), c.get("trace"))))
         except TilefarmError as e:  # steps this version cannot read (a search worker of another version sent them)
             out[i] = MeasureResult((), INSTANTIATION, str(e), 0.0, 0.0, cache=options.cache)
-    measured = measure([inp for _, inp in todo], _builder(options), _runner(options))
+    measured = _measure_until_stopped([inp for _, inp in todo], _builder(options), _runner(options))
     records = []
     for (i, inp), r in zip(todo, measured):
         out[i] = r
@@ -127,7 +176,9 @@ def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[
     created_by = f"job/{job}" if job is not None else None
     seconds = [(r.build_seconds, r.run_seconds) for r in measured]
     try:
-        records_db(settings.database_url).import_records(records, created_by=created_by, job_id=job, seconds=seconds)
+        if records:
+            db = records_db(settings.database_url)
+            db.import_records(records, created_by=created_by, job_id=job, seconds=seconds)
     except DATABASE_DOWN as e:  # measured is measured: kept until the database answers (workers.spool)
         name = batch_id or uuid.uuid4().hex
         path = spool.keep(settings, name, records, created_by=created_by, job_id=job, seconds=seconds)
@@ -139,7 +190,30 @@ def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[
             len(records),
             path,
         )
+    if len(measured) < len(todo):
+        raise Stopped(len(measured), len(cands))
     return [_as_json(r) for r in out if r is not None]
+
+
+def _measure_until_stopped(
+    inputs: list[MeasureInput], builder: LocalBuilder, runner: LocalRunner
+) -> list[MeasureResult]:
+    """compiler.costs.measure.measure, one candidate at a time once built, stopping between candidates when the
+    worker stops: the results of the first candidates, every one unless it stopped."""
+    if _stopping():
+        return []
+    builds = builder.build(inputs)
+    try:
+        out: list[MeasureResult] = []
+        for inp, build in zip(inputs, builds):
+            if _stopping():
+                break
+            out += runner.run([inp], [build])
+        return out
+    finally:
+        for b in builds:
+            if b.path:
+                Path(b.path).unlink(missing_ok=True)
 
 
 def _as_json(r: MeasureResult) -> dict[str, Any]:
@@ -176,13 +250,18 @@ def _runner(o: RunnerOptions) -> LocalRunner:
 
 
 def close_measurement(**_) -> None:
-    """Stop the builder pools and runner sandboxes (worker shutdown)."""
-    with MEASURE_LOCK:
+    """Stop the builder pools and runner sandboxes (worker shutdown). Not while a measurement the worker left behind
+    (workers.worker, Ctrl-C) still runs: its processes end with this one (a sandbox when its pipe closes)."""
+    if not MEASURE_LOCK.acquire(blocking=False):
+        return
+    try:
         pools: list[LocalBuilder | LocalRunner] = [*_builders.values(), *_runners.values()]
         for x in pools:
             x.close()
         _builders.clear()
         _runners.clear()
+    finally:
+        MEASURE_LOCK.release()
 
 
 worker_shutdown.connect(close_measurement)
@@ -191,16 +270,23 @@ worker_shutdown.connect(close_measurement)
 # ---------------------------------------------------------------------------------------------- compile
 
 
-@app.task(name=COMPILE_ARTIFACT, ignore_result=True)  # the artifact row is the result
-def compile_artifact(artifact_id: int) -> str:
+@app.task(name=COMPILE_ARTIFACT, bind=True, ignore_result=True)  # the artifact row is the result
+def compile_artifact(self, artifact_id: int) -> str:
     """Compile a model into storage/artifacts/<id>.tar with the best records of this host; state ready or failed.
     The tar is built under a hidden temporary name and renamed once whole and on disk (storage.publish), so no
-    half-written artifact is ever under its final name; on a failure (a full disk: StorageFull) it is deleted."""
-    job = _patiently("taking an artifact", lambda: progress.artifact_building(settings, artifact_id))
+    half-written artifact is ever under its final name; on a failure (a full disk: StorageFull) it is deleted.
+    Each try of a build lost with its worker (workers.progress.reap_lost_builds) writes a temporary file of its
+    own, and a build judged lost meanwhile publishes nothing."""
+    node = self.request.hostname
+    job = _patiently("taking an artifact", lambda: progress.artifact_building(settings, artifact_id, node))
     if job is None:
         return "stale"
     folder = settings.storage / "artifacts"
     path, partial = folder / f"{artifact_id}.tar", folder / f".{artifact_id}.tar.partial"
+    if job.try_number > 1:  # what the lost tries left (a killed worker's file) goes; a frozen one writes no more here
+        for left in folder.glob(f".{artifact_id}.tar*.partial"):
+            left.unlink(missing_ok=True)
+        partial = folder / f".{artifact_id}.tar.{job.try_number}.partial"
     try:
         from compiler.artifact.build import build
         from compiler.model.onnx_import import load
@@ -211,19 +297,29 @@ def compile_artifact(artifact_id: int) -> str:
         folder.mkdir(parents=True, exist_ok=True)
         graph = load(job.model_path, job.input_shapes, model_budget(settings))  # as the API loaded it
         with MEASURE_LOCK:  # compiling takes the cores a measurement would be timed on
+            if _stopping():  # it waited for a measurement, and the worker stops meanwhile
+                _patiently(
+                    "handing an artifact back", lambda: progress.artifact_handed_back(settings, artifact_id, node)
+                )
+                _hand_back(f"artifact {artifact_id}", f"artifact {artifact_id} queued again, not begun")
             # the best records its team may use: verified ones, and the team's own imports (server.trust)
             records = records_db(settings.database_url).trusting(team_of(settings, ArtifactRow, artifact_id))
             info = build(graph, partial, name=_c_name(job.model_name), records=records)
+        if not _patiently("checking an artifact", lambda: progress.artifact_builds(settings, artifact_id, node)):
+            partial.unlink(missing_ok=True)  # judged lost while it built (a frozen worker): another try owns it
+            return "stale"
         storage.publish(partial, path)  # never a half-written artifact under its final name
         data = path.read_bytes()
         sha256, used = hashlib.sha256(data).hexdigest(), list(info.records_used.values())
         _patiently(
             "storing an artifact",
             lambda: progress.artifact_ready(
-                settings, artifact_id, path=str(path), sha256=sha256, size_bytes=len(data), records_used=used
+                settings, artifact_id, node, path=str(path), sha256=sha256, size_bytes=len(data), records_used=used
             ),
         )
         return "ready"
+    except Reject:
+        raise
     except Exception as e:
         partial.unlink(missing_ok=True)
         if storage.is_full(e):
@@ -232,7 +328,7 @@ def compile_artifact(artifact_id: int) -> str:
         else:
             log.exception("artifact %d failed", artifact_id)
         why = one_line(e)
-        _patiently("failing an artifact", lambda: progress.artifact_failed(settings, artifact_id, why))
+        _patiently("failing an artifact", lambda: progress.artifact_failed(settings, artifact_id, node, why))
         return "failed"
 
 
@@ -263,6 +359,7 @@ def search_job(self, job_id: int, attempt: int) -> str:
             new = progress.requeue_job(settings, job_id, attempt)
             if new is not None:
                 enqueue_job(settings, job_id, new)
+                heartbeat.HANDED_BACK.append(f"job {job_id} queued again as attempt {new}")
         return e.reason
     except Exception as e:
         log.exception("job %d failed", job_id)
@@ -477,6 +574,8 @@ def verify_records(host: str, after: int = 0) -> int:
     verified = 0
     with MEASURE_LOCK:
         for items in groups.values():
+            if _stopping():  # what is verified stays so; the message measures the rest
+                _hand_back(f"verifying {host}", f"re-measuring of imported records back on its queue ({verified} done)")
             verified += _verify_group(db, items)
     if len(batch) == VERIFY_BATCH:
         enqueue_verify(settings, host, measure_queue(host, here.kind), batch[-1][0])
