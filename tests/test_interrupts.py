@@ -215,3 +215,24 @@ def test_ctrl_c_stops_serve_and_its_workers_in_one_line(tmp_path):
     assert out.count(" stopped ") == 1, out  # the workers said nothing of their stop
     assert seconds < STOP_WAIT_S + 6, (seconds, out)
     assert all(stopped(settings, n) for n in names)
+
+
+def test_ctrl_c_while_a_command_starts_is_one_line_too(tmp_path):
+    """A Ctrl-C in the first instant of a command, while it still loads the compiler (tilefarm.entry), or a moment
+    later, while it works (tilefarm.cli): one line and exit 130 either way, never an import traceback."""
+    import onnx
+
+    from tilefarm import examples
+
+    model = tmp_path / "resnet18.onnx"
+    onnx.save(examples.resnet18(), model)
+    script = Path(sys.executable).with_name("tilefarm")  # the console script pip wrote: tilefarm.entry:main
+    for delay in (0.1, 0.2, 0.4, 0.8, 1.5):
+        argv = [str(script), "compile", str(model), "-o", str(tmp_path / "m.tar")]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (delay, err[-2000:])
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("interrupted: tilefarm"), (delay, err[-2000:])

@@ -2,6 +2,6 @@
 
 import sys
 
-from tilefarm.cli import main
+from tilefarm.entry import main
 
 sys.exit(main())
