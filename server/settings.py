@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     # at once (a create or resume past it answers 429 too_many_jobs); docs/operations.md lists every limit
     max_job_trials: int = Field(default=100_000, gt=0)
     max_active_jobs: int = Field(default=8, gt=0)
+    # the evolutionary search's population per round of a job (compiler.search.evolution.SearchParams: 512, as in
+    # MetaSchedule); the test farms set it small, as they test the farm's machinery rather than the search's quality
+    search_population: int = Field(default=512, ge=64)
     # a worker heartbeats every heartbeat_s; one silent for worker_grace_s is lost (its batch is sent again)
     heartbeat_s: float = 5.0
     worker_grace_s: float = 30.0

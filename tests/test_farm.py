@@ -67,6 +67,7 @@ def farm(tmp_path, pg_url):
         "TILEFARM_STORAGE_DIR": str(tmp_path / "storage"),
         "TILEFARM_BOOTSTRAP_TOKEN": token,
         "TILEFARM_HEARTBEAT_S": "0.5",
+        "TILEFARM_SEARCH_POPULATION": "64",  # the farm's machinery is tested here, not the search's quality
         "TILEFARM_WORKER_GRACE_S": "4",
         "TILEFARM_NUM_THREADS": "1",
         "XDG_CACHE_HOME": str(tmp_path / "cache"),

@@ -42,6 +42,7 @@ class Farm:
             TILEFARM_STORAGE_DIR=str(root / "storage"),
             TILEFARM_DATABASE_URL=f"sqlite:///{root / 'farm.db'}",
             TILEFARM_HEARTBEAT_S="0.5",
+            TILEFARM_SEARCH_POPULATION="64",  # the farm's machinery is tested here, not the search's quality
             TILEFARM_WORKER_GRACE_S="3",
             XDG_CACHE_HOME=str(root / "cache"),
             PYTHONUNBUFFERED="1",

@@ -468,6 +468,7 @@ def _task_row(position: int, p, calls: int) -> dict[str, Any]:
 def _search(claim: progress.Claim) -> None:
     from compiler.costs.cost_model import XGBModel
     from compiler.model.onnx_import import load
+    from compiler.search.evolution import SearchParams
     from compiler.search.task_scheduler import TaskScheduler, TuneOptions, weights_timed_cold
     from compiler.search.transfer import ModelCache
     from compiler.tensor.tasks import tuning_plan
@@ -500,7 +501,13 @@ def _search(claim: progress.Claim) -> None:
         if budget_left:
             prior, line = ModelCache().load_or_train(db, db.identity, target)
             log.info("job %d: %s", claim.job_id, line)
-        options = TuneOptions(trials=trials, measures_per_round=claim.per_round, time_budget=time_left, seed=claim.seed)
+        options = TuneOptions(
+            trials=trials,
+            measures_per_round=claim.per_round,
+            time_budget=time_left,
+            seed=claim.seed,
+            params=SearchParams(population=settings.search_population),
+        )
         # as `tilefarm tune --weights auto`: a model whose weights outgrow the measuring host's last-level cache, or
         # the part of it the host keeps for them (measured, where this host is of the measuring class: a VM reports
         # its host's whole cache), meets them cold in every run, so its kernels are timed that way
