@@ -168,14 +168,6 @@ def pytest_terminal_summary(terminalreporter):
 # without touching the shared ones on 6379 and 5432 that other tests use at the same time.
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_until(what: str, ready, seconds: float = 30.0) -> None:
     import time
 
@@ -209,7 +201,9 @@ class PrivateRedis:
     """A redis-server of its own (no persistence: a restart loses every message, as a crashed cache would)."""
 
     def __init__(self, root, binary: str):
-        self.root, self.binary, self.port = root, binary, _free_port()
+        from tilefarm.serve import free_port
+
+        self.root, self.binary, self.port = root, binary, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
 
@@ -280,7 +274,9 @@ class PrivatePostgres:
         import pwd
         import tempfile
 
-        self.bindir, self.port = bindir, _free_port()
+        from tilefarm.serve import free_port
+
+        self.bindir, self.port = bindir, free_port()
         self.root = tempfile.mkdtemp(prefix="tilefarm-pg-")  # under /tmp: the pytest tmp folders are root's, 0700
         self.data, self.log = os.path.join(self.root, "data"), os.path.join(self.root, "postgres.log")
         self.as_user: list[str] = []

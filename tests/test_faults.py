@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.test_farm import _wait as wait
+
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.faults
 
@@ -53,16 +55,6 @@ def dense_model(path: Path, n: int) -> Path:
     graph = helper.make_graph(nodes, "dense", [x], [y], [numpy_helper.from_array(w, "w")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
-
-
-def wait(what: str, check, timeout: float, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Farm:
