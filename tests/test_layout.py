@@ -181,3 +181,64 @@ def test_the_blocked_conv_fuses_its_bias_residual_add_and_relu_into_one_pass():
     (task,) = [t for t in tasks if t.name == "fused_blockedconv_add_relu"]
     first = generate_sketches(task.dag, host_target())[0].rules
     assert [r.split("(")[0] for r in first] == ["inline", "inline", "tile+fuse"]
+
+
+def _depthwise(name, x, out, c, rng, inits, stride=1, dilation=1):
+    inits[f"{name}_w"] = (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32)
+    inits[f"{name}_b"] = rng.standard_normal(c).astype(np.float32)
+    return helper.make_node(
+        "Conv", [x, f"{name}_w", f"{name}_b"], [out], kernel_shape=[3, 3], pads=[dilation] * 4, group=c,
+        strides=[stride] * 2, dilations=[dilation] * 2,
+    )  # fmt: skip
+
+
+def inverted_residuals(rng) -> onnx.ModelProto:
+    """MobileNetV2's blocks: 1x1 expand + ReLU, 3x3 depthwise + ReLU, 1x1 project (+ the residual add at stride 1),
+    once at stride 1 and once at stride 2 with a dilated depthwise conv."""
+    c, e, inits = B, 3 * B, {}
+    nodes = [
+        _conv("stem", "x", "s", 3, c, rng, inits),
+        _conv("e1", "s", "e1", c, e, rng, inits, k=1),
+        helper.make_node("Relu", ["e1"], ["e1r"]),
+        _depthwise("d1", "e1r", "d1", e, rng, inits),
+        helper.make_node("Relu", ["d1"], ["d1r"]),
+        _conv("p1", "d1r", "p1", e, c, rng, inits, k=1),
+        helper.make_node("Add", ["p1", "s"], ["r1"]),
+        _conv("e2", "r1", "e2", c, e, rng, inits, k=1),
+        _depthwise("d2", "e2", "d2", e, rng, inits, stride=2, dilation=2),
+        _conv("p2", "d2", "y", e, 2 * B, rng, inits, k=1),
+    ]
+    return _model(nodes, inits, (1, 2 * B, 8, 8))
+
+
+def test_depthwise_convs_keep_inverted_residual_blocks_in_nchwc():
+    # the depthwise conv is a BlockedConv too (weight C/b x 3 x 3 x b): no conversion sits between the expand,
+    # depthwise and project convs, and the last conv writes the NCHW graph output from its accumulators
+    rng = np.random.default_rng(6)
+    model = inverted_residuals(rng)
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    convs = [n for n in g.nodes if n.op == "BlockedConv"]
+    depthwise = [n for n in convs if n.attrs.get("group", 1) > 1]
+    assert len(convs) == 7 and [n.inputs[1].shape for n in depthwise] == [(3, 3, 3, B)] * 2
+    assert [n.attrs.get("data_layout", "NCHW") for n in convs] == ["NCHW"] + ["NCHWc"] * 6
+    assert "NCHWcToNCHW" not in [n.op for n in g.nodes]
+    assert [n.attrs.get("out_layout", "NCHW") for n in convs] == ["NCHWc"] * 6 + ["NCHW"]
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_conv_of_nchw_data_matches_onnxruntime(stride):
+    # the graph input goes straight into the depthwise conv: it reads NCHW, writes NCHW for the graph output
+    rng, inits = np.random.default_rng(7 + stride), {}
+    out_shape = (1, 2 * B, 16 // stride, 16 // stride)
+    node = _depthwise("d", "x", "y", 2 * B, rng, inits, stride)
+    model = _model([node], inits, out_shape, in_shape=(1, 2 * B, 16, 16))
+    g = optimize(load(model, {"x": [1, 2 * B, 16, 16]}))
+    assert [(n.op, n.attrs.get("data_layout"), n.attrs.get("out_layout")) for n in g.nodes] == [
+        ("BlockedConv", None, None)
+    ]
+    x = rng.standard_normal((1, 2 * B, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 2 * B, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)

@@ -220,6 +220,7 @@ def build(
                 {
                     "kernel": kernel_name(c.task),
                     "task": c.task.key,
+                    "nodes": list(c.nodes),
                     "args": [list(layout.loc[id(v)]) for v in c.args]
                     + ([["workspace", layout.size]] if scratch[kernel_name(c.task)] else []),
                 }

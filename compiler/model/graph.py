@@ -47,7 +47,8 @@ Details the frontend (`compiler.model.onnx_import`) guarantees beyond that:
 - `BlockedConv` (made by passes): a 2-D Conv with group 1 whose weight is laid out F/b x C x KH x KW x b (b output
   channels innermost); Conv's other inputs and attributes, plus `data_layout` / `out_layout` ("NCHWc" when the data
   comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b;
-  with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too).
+  with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too). A depthwise one
+  (`group` = C = F) has the weight C/b x KH x KW x b in either layout.
 - `WinogradConv` (made by passes): a 3x3, stride-1, one-group Conv whose weight is transformed for Winograd
   F(m x m, 3 x 3) and laid out a x a x F/b x C x b (a = m + 2); inputs X, that weight, an optional bias (None when
   absent), then the constants B^T (a x a) and A^T (m x a); attributes `pads`, and `data_layout` / `out_layout` as

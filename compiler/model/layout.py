@@ -121,7 +121,8 @@ def propagate_nchwc(g: Graph) -> Graph:
             outs, rest = n.outputs, n.inputs[1:]
             if x is not None and id(x) in blocked:
                 attrs["data_layout"], x = NCHWC, blocked[id(x)]
-                if n.op == "BlockedConv":  # a Winograd weight reads either layout as it is
+                if n.op == "BlockedConv" and n.attrs.get("group", 1) == 1:  # a Winograd or depthwise weight reads
+                    # either layout as it is
                     rest = (once(_input_blocked_weight, rest[0]), *rest[1:])
             if block_out:
                 attrs["out_layout"] = NCHWC

@@ -159,6 +159,12 @@ def pack_conv_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
 
 
+def pack_depthwise_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
+    """A depthwise conv weight C x 1 x KH x KW laid out C/block x KH x KW x block."""
+    C, _, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(C // block, block, KH, KW).transpose(0, 2, 3, 1))
+
+
 def block_conv_input_channels(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
     """A blocked weight F/b x C x KH x KW x b laid out F/b x C/block x KH x KW x block x b, for NCHWc data."""
     Fb, C, KH, KW, b = w.shape
@@ -243,14 +249,22 @@ def winograd_convs(g: Graph, forms: Mapping[str, int] | None = None) -> Graph:
 def block_conv_weights(g: Graph) -> Graph:
     """A 2-D Conv (one group) with a constant weight whose output channels divide into CONV_BLOCK blocks becomes a
     BlockedConv with the weight laid out F/16 x C x KH x KW x 16 at compile time, so its kernel vectorizes over
-    output channels (compiler.tensor.ops.nn.conv2d_nchw_blocked)."""
+    output channels (compiler.tensor.ops.nn.conv2d_nchw_blocked); a depthwise one (group = channels) likewise, its
+    weight C/16 x KH x KW x 16 (depthwise_conv2d_nchwc), so the layout pass keeps MobileNet's blocks in NCHWc."""
     nodes = []
     for n in g.nodes:
         w = n.inputs[1] if n.op == "Conv" else None
-        if w is None or w.const is None or len(w.shape) != 4 or n.attrs.get("group", 1) != 1 or w.shape[0] % CONV_BLOCK:
+        if w is None or w.const is None or len(w.shape) != 4 or w.shape[0] % CONV_BLOCK:
             nodes.append(n)
             continue
-        packed = pack_conv_weight(w.const)
+        group = n.attrs.get("group", 1)
+        if group == 1:
+            packed = pack_conv_weight(w.const)
+        elif group == w.shape[0] and w.shape[1] == 1:  # depthwise, one output per channel
+            packed = pack_depthwise_weight(w.const)
+        else:
+            nodes.append(n)
+            continue
         blocked = Value(f"{w.name}_blocked", TensorType(packed.shape, w.dtype), packed)
         nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:])))
     return Graph(g.inputs, g.outputs, nodes, g.name)

@@ -11,7 +11,14 @@ from compiler.base.errors import InvalidExpr
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _padding, _pair
 from compiler.tensor.ops.linalg import batch_matmul, matmul
-from compiler.tensor.ops.nn import avg_pool2d, conv2d_bias_relu, conv2d_nchw, max_pool2d, row_sum
+from compiler.tensor.ops.nn import (
+    avg_pool2d,
+    conv2d_bias_relu,
+    conv2d_nchw,
+    depthwise_conv2d_nchwc,
+    max_pool2d,
+    row_sum,
+)
 from compiler.tensor.ops.norm import layer_norm, softmax
 
 
@@ -61,6 +68,15 @@ def reference_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1) -> np.ndar
                     "nchw,fc->nfhw", tap[:, g * Cg : (g + 1) * Cg], w[g * Fg : (g + 1) * Fg, :, ky, kx]
                 )
     return out
+
+
+def _ref_depthwise_nchwc(x, w, stride=1, padding=0) -> np.ndarray:
+    """depthwise_conv2d_nchwc's reference: x N x C/b x H x W x b, w C/b x KH x KW x b, through NCHW."""
+    n, cb, h, wd, b = x.shape
+    nchw = x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, wd)
+    weight = w.transpose(0, 3, 1, 2).reshape(cb * b, 1, *w.shape[1:3])
+    out = reference_conv2d(nchw, weight, stride, padding, groups=cb * b)
+    return out.reshape(n, cb, b, *out.shape[2:]).transpose(0, 1, 3, 4, 2)
 
 
 def _ref_pool(x, kernel, stride, padding, kind: str, count_include_pad: bool = True) -> np.ndarray:
@@ -141,6 +157,14 @@ KERNELS: dict[str, KernelCase] = {
         (("data", (1, 8, 16, 16)), ("weight", (16, 1, 3, 3))),
         lambda d, w: conv2d_nchw(d, w, padding=1, groups=8),
         _f64(lambda d, w: reference_conv2d(d, w, padding=1, groups=8)),
+        rtol=1e-5,
+        atol=1e-5,
+    ),
+    # the same K=9 on NCHWc data (2 blocks of 8 lanes), stride 2, the result kept blocked
+    "conv2d_depthwise_nchwc": KernelCase(
+        (("data", (1, 2, 15, 15, 8)), ("weight", (2, 3, 3, 8))),
+        lambda d, w: depthwise_conv2d_nchwc(d, w, stride=2, padding=1, out_blocked=True),
+        _f64(lambda d, w: _ref_depthwise_nchwc(d, w, stride=2, padding=1)),
         rtol=1e-5,
         atol=1e-5,
     ),

@@ -190,6 +190,49 @@ def conv2d_nchw_blocked(
     return nchwc_to_nchw(blocked, name=f"{name}_nchw")
 
 
+def depthwise_conv2d_nchwc(
+    data: te.Tensor,
+    weight: te.Tensor,
+    stride: Pair = 1,
+    padding: Pair = 0,
+    dilation: Pair = 1,
+    name: str = "depthwise_conv2d",
+    out_blocked: bool = False,
+) -> te.Tensor:
+    """A depthwise conv2d (groups = channels, one output per channel) with the weight laid out C/b x KH x KW x b, as
+    `block_conv_weights` packs it: it computes N x C/b x OH x OW x b, so the b lanes of a channel block are one vector
+    and each tap of the window is one multiply-add of vectors (onnxruntime's NCHWc depthwise kernel does the same).
+    In NCHW each channel's plane is a separate image, and a row of 7 or 14 pixels fills a vector only partly.
+
+    `data` is NCHW or NCHWc (5-D, lanes b); with `out_blocked` the result stays NCHWc, otherwise it is copied back
+    to NCHW, which the scheduler inlines into the consumer."""
+    op = "depthwise_conv2d_nchwc"
+    _rank(op, weight, 4, "weight")
+    _same_dtype(op, data, weight)
+    Cb, KH, KW, b = weight.shape
+    if data.ndim == 5:
+        if data.shape[4] != b:
+            raise InvalidExpr(f"{op}: weight {_dims(weight)} has blocks of {b}, data {_dims(data)} of {data.shape[4]}")
+        N, C = data.shape[0], data.shape[1] * b
+    else:
+        _rank(op, data, 4, "data")
+        N, C = data.shape[:2]
+    if C != Cb * b:
+        raise InvalidExpr(f"{op}: weight {_dims(weight)} has {Cb * b} channels, but data {_dims(data)} has {C}")
+    src, (OH, OW), (sh, sw), (dh, dw) = _window(op, data, (KH, KW), stride, padding, dilation, name)
+    ry, rx = te.reduce_axis(KH, "ry"), te.reduce_axis(KW, "rx")
+
+    def body(n, co, y, x, ci):
+        at = (_scale(y, sh) + _scale(ry, dh), _scale(x, sw) + _scale(rx, dw))
+        pixel = src[(n, co, *at, ci)] if data.ndim == 5 else src[(n, co * b + ci, *at)]
+        return te.sum(pixel * weight[co, ry, rx, ci], axis=[ry, rx])
+
+    blocked = te.compute((N, Cb, OH, OW, b), body, name=name, tag="depthwise_conv2d_nchwc")
+    if out_blocked:
+        return blocked
+    return nchwc_to_nchw(blocked, name=f"{name}_nchw")
+
+
 def nchwc_to_nchw(data: te.Tensor, name: str = "nchw") -> te.Tensor:
     """An N x C/b x H x W x b (NCHWc) tensor put back in NCHW: a pure re-indexing."""
     _rank("nchwc_to_nchw", data, 5, "input")
@@ -372,8 +415,9 @@ def conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's BlockedConv (made by passes from a 2-D Conv with a constant weight): Conv's inputs and attributes,
-    the weight packed F/b x C x KH x KW x b; `data_layout` / `out_layout` ("NCHW" or "NCHWc") say whether the data
-    comes and the result goes blocked (the `propagate_nchwc` pass sets them; a blocked result's bias is F/b x b)."""
+    the weight packed F/b x C x KH x KW x b (a depthwise conv, `group` = channels: C/b x KH x KW x b); `data_layout`
+    / `out_layout` ("NCHW" or "NCHWc") say whether the data comes and the result goes blocked (the `propagate_nchwc`
+    pass sets them; a blocked result's bias is F/b x b)."""
     x, w = _input("BlockedConv", ins, 0, "X"), _input("BlockedConv", ins, 1, "W")
     bias = ins[2] if len(ins) > 2 else None
     _dtype_in("BlockedConv", x, FLOATS)
@@ -382,9 +426,8 @@ def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     out_blocked = attrs.get("out_layout") == NCHWC
     strides, pads = attrs.get("strides") or (1, 1), attrs.get("pads") or (0, 0, 0, 0)
     conv_name = name if bias is None else f"{name}_conv"
-    out = conv2d_nchw_blocked(
-        x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name, out_blocked=out_blocked
-    )
+    form = conv2d_nchw_blocked if attrs.get("group", 1) == 1 else depthwise_conv2d_nchwc
+    out = form(x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name, out_blocked=out_blocked)
     if bias is None:
         return [out]
     return [bias_add_nchwc(out, bias, name=name) if out_blocked else bias_add_nchw(out, bias, name=name)]
