@@ -66,18 +66,36 @@ def _ort_base(name: str) -> str:
 
 def match_ort(model: onnx.ModelProto, calls: list[dict], ort_nodes: dict[str, float]) -> tuple[list[float], dict]:
     """onnxruntime's seconds per call of our plan, and its nodes matched to none. A node belongs to the call that lists
-    it, else to the call that writes its output tensor (our names of a value add suffixes: `_nchwc`, `_blocked`)."""
+    it, else to the call that writes its output tensor (our names of a value add suffixes: `_nchwc`, `_blocked`),
+    else to the first call so found downstream of it (a node our optimizer folded away, such as a BatchNormalization
+    onnxruntime fused into a conv and named the fused node after)."""
     by_node = {n: k for k, c in enumerate(calls) for n in c.get("nodes", [])}
-    outputs = {node.name: list(node.output) for node in model.graph.node}
+    graph_nodes = {node.name: node for node in model.graph.node}
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node.name)
     written = [c.get("writes", []) for c in calls]
+
+    def owner(name: str, depth: int = 0) -> int | None:
+        if name in by_node:
+            return by_node[name]
+        node = graph_nodes.get(name)
+        if node is None or depth > 4:
+            return None
+        for tensor in node.output:
+            k = next((i for i, w in enumerate(written) if any(v.startswith(tensor) for v in w)), None)
+            if k is not None:
+                return k
+        for tensor in node.output:
+            for reader in readers.get(tensor, []):
+                if (k := owner(reader, depth + 1)) is not None:
+                    return k
+        return None
+
     per_call, unmatched = [0.0] * len(calls), {}
     for name, sec in ort_nodes.items():
-        k = by_node.get(name)
-        if k is None:
-            for tensor in outputs.get(name, []):
-                k = next((i for i, w in enumerate(written) if any(v.startswith(tensor) for v in w)), None)
-                if k is not None:
-                    break
+        k = owner(name)
         if k is None:
             unmatched[name] = sec
         else:

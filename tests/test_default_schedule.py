@@ -104,3 +104,25 @@ def test_default_schedule_conv_any_shape(c, f, h, w, stride, pad, depthwise):
     want = ops.reference_conv2d(*arrays[:2], stride=stride, padding=pad, groups=groups)
     want = np.maximum(want + arrays[2][None, :, None, None], 0)
     np.testing.assert_allclose(run(dag, default_schedule(dag), arrays)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 128), (4, 48), (3, 5, 40)])
+def test_a_softmax_reduces_its_rows_in_vectors_and_evaluates_exp_once(shape):
+    # the row max and sum run along contiguous memory: vector partial reductions (rfactor) per row, and the exp that
+    # both the sum and the division read is computed once, vectorized, rather than inlined into each (one lane at a
+    # time in the sum); a row whose length is no multiple of the lanes keeps the scalar reduction
+    from compiler.targets import host_target
+
+    x = te.placeholder(shape, name="x")
+    y = ops.OPS["Softmax"]([x], {"axis": -1}, "sm")[0]
+    dag = ComputeDAG([x, y])
+    state = default_schedule(dag, host_target())
+    names = {s.name for s in state.stages}
+    lanes = host_target().vector_bytes // 4
+    assert "sm_exp" in names and state.stage("sm_exp").compute_at == "root"
+    rows_vectorized = shape[-1] % lanes == 0 and shape[-1] >= 2 * lanes
+    assert ({"sm_max.rf", "sm_sum.rf"} <= names) == rows_vectorized
+    a = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * 4
+    (got,) = run(dag, state, [a])
+    want = np.exp(a - a.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)

@@ -44,7 +44,7 @@ def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
     for stage in s.stages:
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
             continue
-        s = _reduction(s, stage.name) if stage.op.reduce_axes else _elementwise(s, stage.name)
+        s = _reduction(s, stage.name, lanes) if stage.op.reduce_axes else _elementwise(s, stage.name)
     return s
 
 
@@ -72,9 +72,20 @@ def _inline(s: State) -> State:
         if op.is_placeholder or op.reduce_axes or dag.is_output(op.name):
             continue
         feeds_anchor = any(s.stage(c).op.reduce_axes and dag.needs_multi_level_tiling(c) for c in s.consumers(op.name))
-        if not feeds_anchor:
+        if not feeds_anchor and not _costly_and_shared(s, op.name):
             s = s.compute_inline(op.name)
     return s
+
+
+COSTLY = {"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos"}  # intrinsics of tens of instructions per lane
+
+
+def _costly_and_shared(s: State, name: str) -> bool:
+    """A stage that evaluates a costly intrinsic and is read by more than one stage (a softmax's exp, read by the
+    row sum and the division): inlined, each reader would evaluate it again, the sum's reader one lane at a time."""
+    if len(s.consumers(name)) < 2:
+        return False
+    return any(isinstance(e, te.Unary) and e.op in COSTLY for e in te.walk(s.stage(name).op.body))
 
 
 def _divisor(n: int, limit: int) -> int:
@@ -227,8 +238,10 @@ def _elementwise(s: State, name: str) -> State:
     return _parallel(s, name, [n for n in outer if s.stage(name).iters[s.stage(name).iter_index(n)].extent >= 1])
 
 
-def _reduction(s: State, name: str) -> State:
-    """Reductions without reuse: spatial outer loops parallel; reduction loops outside a vectorized last axis."""
+def _reduction(s: State, name: str, vector: int) -> State:
+    """Reductions without reuse: spatial outer loops parallel; reduction loops outside a vectorized last axis, or,
+    where the reduction itself runs along contiguous memory (a softmax's row max and sum), vectorized partial
+    reductions of `vector` lanes (rfactor), combined per row."""
     op = s.stage(name).op
     names = [a.name for a in op.axes]
     reduce_names = [r.name for r in op.reduce_axes]
@@ -240,4 +253,13 @@ def _reduction(s: State, name: str) -> State:
         s = s.reorder(name, outer + reduce_names + [f"{last.name}.1"])
         s = s.annotate(name, f"{last.name}.1", "vectorize")
         return _parallel(s, name, outer)
+    k = op.reduce_axes[-1] if op.reduce_axes else None
+    if names and k is not None and k.extent % vector == 0 and k.extent >= 2 * vector and _contiguous(s, name, k.name):
+        s = s.split(name, k.name, [vector])
+        s = s.rfactor(name, f"{k.name}.1", len(names))
+        rf = f"{name}.rf"
+        s = s.reorder(rf, [*names, *[r for r in reduce_names if r != k.name], f"{k.name}.0", f"{k.name}.1"])
+        s = s.annotate(rf, f"{k.name}.1", "vectorize")
+        s = s.compute_at(rf, name, names[-1])
+        return _parallel(s, name, names, work=_work(s, rf))
     return _parallel(s, name, names)
