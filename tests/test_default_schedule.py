@@ -126,3 +126,39 @@ def test_a_softmax_reduces_its_rows_in_vectors_and_evaluates_exp_once(shape):
     (got,) = run(dag, state, [a])
     want = np.exp(a - a.max(-1, keepdims=True))
     np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [1000, 256, 37])
+def test_a_one_row_matmul_streams_its_weight_rows_in_long_runs(n):
+    # a classifier's GEMV: no row axis to unroll, so every accumulator goes along the row; N = 1000 has no multiple
+    # of 16 lanes as a divisor, and 200 (half vectors whole) beat 10 (the divisor up to one vector) 2x
+    from compiler.targets import host_target
+    from compiler.targets.cpu.default_schedule import _row_chunk
+
+    lanes = host_target().vector_bytes // 4
+    assert _row_chunk(1000, 16, 16) == 200 and _row_chunk(1024, 16, 16) == 256 and _row_chunk(37, 16, 16) == 37
+    x, w = te.placeholder((1, 64), name="x"), te.placeholder((64, n), name="w")
+    y = ops.linalg.matmul(x, w, name="mm")
+    dag = ComputeDAG([x, w, y])
+    state = default_schedule(dag, host_target())
+    inner = state.stage("mm.local").iters[-1]
+    assert inner.annotation == "vectorize" and inner.extent == _row_chunk(n, lanes, 16 if lanes == 16 else 10)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((1, 64)).astype(np.float32), rng.standard_normal((64, n)).astype(np.float32)
+    np.testing.assert_allclose(run(dag, state, [a, b])[0], a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_depthwise_conv_reads_its_padding_through_a_select_rather_than_a_padded_copy():
+    # each input element is read 9 times at most: a copy of the padded input would cost a pass over memory
+    from compiler.tensor.ops.nn import depthwise_conv2d_nchwc
+
+    x, w = te.placeholder((1, 2, 9, 9, 16), name="x"), te.placeholder((2, 3, 3, 16), name="w")
+    y = depthwise_conv2d_nchwc(x, w, stride=2, padding=1, name="dw", out_blocked=True)
+    dag = ComputeDAG([x, w, y])
+    state = default_schedule(dag)
+    assert state.stage("dw_pad").compute_at == "inline"
+    case = ops.KERNELS["conv2d_depthwise_nchwc"]
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(x.shape).astype(np.float32), rng.standard_normal(w.shape).astype(np.float32)
+    got = run(dag, state, [a, b])[0]
+    np.testing.assert_allclose(got, case.reference(a, b)[0].astype(np.float32), rtol=1e-5, atol=1e-5)
