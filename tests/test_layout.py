@@ -242,3 +242,57 @@ def test_a_depthwise_conv_of_nchw_data_matches_onnxruntime(stride):
     x = rng.standard_normal((1, 2 * B, 16, 16)).astype(np.float32)
     got = run_in_process(load(model, {"x": [1, 2 * B, 16, 16]}), {"x": x})["y"]
     np.testing.assert_allclose(got, _ort(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_24_channel_layers_travel_in_padded_blocks_and_match_onnxruntime():
+    # MobileNetV2's 24-channel stage: the project conv computes 32 channels (zero filters in the last block's upper
+    # half), the residual add and the next expand conv read them blocked (its weight has zero input channels there),
+    # and no conversion sits between the convs; the graph output drops the padding
+    rng, inits = np.random.default_rng(8), {}
+    c, e = 24, 4 * B
+    nodes = [
+        _conv("stem", "x", "s", 3, c, rng, inits),
+        _conv("e1", "s", "e1", c, e, rng, inits, k=1),
+        helper.make_node("Relu", ["e1"], ["e1r"]),
+        _depthwise("d1", "e1r", "d1", e, rng, inits),
+        _conv("p1", "d1", "p1", e, c, rng, inits, k=1),
+        helper.make_node("Add", ["p1", "s"], ["r1"]),
+        _conv("e2", "r1", "e2", c, e, rng, inits, k=1),
+        helper.make_node("Relu", ["e2"], ["y"]),
+        helper.make_node("Sigmoid", ["r1"], ["z"]),
+    ]
+    model = _model(nodes, inits, (1, e, 16, 16))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c, 16, 16]))
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    convs = [n for n in g.nodes if n.op == "BlockedConv"]
+    assert [n.attrs.get("channels") for n in convs] == [24, None, None, 24, None]
+    assert [n.attrs.get("data_layout", "NCHW") for n in convs] == ["NCHW"] + ["NCHWc"] * 4
+    add = next(n for n in g.nodes if n.op == "Add")
+    assert add.outputs[0].shape == (1, 2, 16, 16, B)
+    (back,) = [n for n in g.nodes if n.op == "NCHWcToNCHW"]  # the sigmoid's graph output, 24 channels again
+    assert back.attrs == {"channels": 24} and back.outputs[0].shape == (1, 24, 16, 16)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip(["y", "z"], sess.run(None, {"x": x})))
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+def test_a_padded_block_never_meets_an_op_that_could_turn_its_zero_lanes_into_nan():
+    # 0/0 in the padding lanes would reach every channel of the next conv through its zero weights (0 * NaN): a Div of
+    # two padded values runs in NCHW, and the convs around it convert
+    rng, inits = np.random.default_rng(9), {}
+    nodes = [
+        _conv("a", "x", "a", 3, 24, rng, inits, k=1),
+        _conv("b", "x", "b", 3, 24, rng, inits, k=1),
+        helper.make_node("Div", ["a", "b"], ["q"]),
+        _conv("c", "q", "y", 24, B, rng, inits, k=1),
+    ]
+    model = _model(nodes, inits, (1, B, 16, 16))
+    g = optimize(load(model, {"x": [1, 3, 16, 16]}))
+    div = next(n for n in g.nodes if n.op == "Div")
+    assert all(len(v.shape) == 4 for v in (*div.inputs, *div.outputs))
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got = run_in_process(load(model, {"x": [1, 3, 16, 16]}), {"x": x})["y"]
+    np.testing.assert_allclose(got, _ort(model, x), rtol=1e-3, atol=1e-3)

@@ -24,7 +24,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler.model.graph import NCHWC, Graph, Node, TensorType, Value, toposort
-from compiler.model.passes import CONV_BLOCK, ELEMWISE, block_conv_input_channels, pattern
+from compiler.model.passes import (
+    CONV_BLOCK,
+    ELEMWISE,
+    PADDED_BLOCK_MULTIPLE,
+    block_conv_input_channels,
+    pad_channels,
+    pattern,
+)
 
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
 _POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
@@ -33,8 +40,21 @@ _CONVS = {"BlockedConv", "WinogradConv"}  # convs that read and write either lay
 _FLOATS = {"float32", "float64", "float16"}
 
 
+# ops that keep the padding lanes of a padded block finite (they start at 0, from the conv's zero filters): the next
+# conv multiplies them by zero weights, and a NaN or infinity there (0/0, log 0) would spread into every channel
+_PADDING_SAFE = {
+    "Add", "Sub", "Mul", "Max", "Min", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+    "Elu", "Selu", "Celu", "Softplus", "Neg", "Abs", "Identity", "Erf", "Gelu", "Mish", *_POOLS,
+}  # fmt: skip
+
+
 def _blockable_shape(v: Value) -> bool:
-    return len(v.shape) == 4 and v.shape[1] % CONV_BLOCK == 0 and v.dtype in _FLOATS
+    return len(v.shape) == 4 and v.shape[1] % PADDED_BLOCK_MULTIPLE == 0 and v.dtype in _FLOATS
+
+
+def _padded(v: Value) -> bool:
+    """A value whose channels fill its last block only partly (24 in two blocks of 16)."""
+    return v.shape[1] % CONV_BLOCK != 0
 
 
 def _is_scalar_const(v: Value | None) -> bool:
@@ -55,7 +75,7 @@ def _can_block(n: Node, can: set[int]) -> bool:
         return False
     if n.op in _CONVS:  # its bias, if any, must be a constant to lay out in blocks
         return len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].const is not None
-    if not _passes_through(n):
+    if not _passes_through(n) or _padded(out) and n.op not in _PADDING_SAFE:
         return False
     data = [v for v in n.inputs if v is not None and not _is_scalar_const(v)]
     if n.op in _POOLS:
@@ -66,7 +86,7 @@ def _can_block(n: Node, can: set[int]) -> bool:
 
 def _blocked_type(v: Value) -> TensorType:
     n, c, h, w = v.shape
-    return TensorType((n, c // CONV_BLOCK, h, w, CONV_BLOCK), v.dtype)
+    return TensorType((n, -(-c // CONV_BLOCK), h, w, CONV_BLOCK), v.dtype)
 
 
 def propagate_nchwc(g: Graph) -> Graph:
@@ -109,7 +129,8 @@ def propagate_nchwc(g: Graph) -> Graph:
         """v as NCHW: the original value, converted back from its NCHWc twin the first time it is needed."""
         if v is None or id(v) not in blocked or id(v) in produced_plain:
             return v
-        nodes.append(Node("NCHWcToNCHW", (blocked[id(v)],), (v,), {}, f"{v.name}_to_nchw"))
+        attrs = {"channels": v.shape[1]} if _padded(v) else {}
+        nodes.append(Node("NCHWcToNCHW", (blocked[id(v)],), (v,), attrs, f"{v.name}_to_nchw"))
         produced_plain.add(id(v))
         return v
 
@@ -148,11 +169,11 @@ def _input_blocked_weight(w: Value) -> Value:
 
 
 def _blocked_bias(v: Value | None) -> Value | None:
-    """A conv's constant bias (F,) laid out F/b x b, as the NCHWc output reads it."""
+    """A conv's constant bias (F,) laid out F/b x b, as the NCHWc output reads it (zero in a padded block's lanes)."""
     if v is None:
         return v
     assert v.const is not None, "only a conv with a constant bias is blocked (_can_block)"
-    c = v.const.reshape(-1, CONV_BLOCK)
+    c = pad_channels(v.const, 0).reshape(-1, CONV_BLOCK)
     return Value(f"{v.name}_blocked", TensorType(c.shape, v.dtype), c)
 
 

@@ -151,12 +151,28 @@ def gemm_to_matmul(g: Graph) -> Graph:
 
 
 CONV_BLOCK = 16  # output channels per weight block: one AVX-512 vector of fp32, two AVX2 ones
+# a conv whose filters are a multiple of this but not of CONV_BLOCK is blocked with its last block padded (MobileNet's
+# 24 channels as 32): at most half a block computed for nothing, where the NCHW conv it replaces vectorizes over
+# pixels and breaks the blocked layout between layers
+PADDED_BLOCK_MULTIPLE = 8
 
 
 def pack_conv_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
-    """An F x C x KH x KW conv weight laid out F/block x C x KH x KW x block."""
+    """An F x C x KH x KW conv weight laid out ceil(F/block) x C x KH x KW x block, the last block padded with zero
+    filters."""
+    w = pad_channels(w, 0, block)
     F, C, KH, KW = w.shape
     return np.ascontiguousarray(w.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
+def pad_channels(a: np.ndarray, axis: int, block: int = CONV_BLOCK) -> np.ndarray:
+    """`a` with zeros appended along `axis` up to a multiple of `block`."""
+    extra = -a.shape[axis] % block
+    if not extra:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return np.pad(a, widths)
 
 
 def pack_depthwise_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
@@ -166,7 +182,9 @@ def pack_depthwise_weight(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
 
 
 def block_conv_input_channels(w: np.ndarray, block: int = CONV_BLOCK) -> np.ndarray:
-    """A blocked weight F/b x C x KH x KW x b laid out F/b x C/block x KH x KW x block x b, for NCHWc data."""
+    """A blocked weight F/b x C x KH x KW x b laid out F/b x C/block x KH x KW x block x b, for NCHWc data (C padded
+    with zero channels up to the data's blocks: its padding lanes then add nothing)."""
+    w = pad_channels(w, 1, block)
     Fb, C, KH, KW, b = w.shape
     return np.ascontiguousarray(w.reshape(Fb, C // block, block, KH, KW, b).transpose(0, 1, 3, 4, 2, 5))
 
@@ -254,17 +272,19 @@ def block_conv_weights(g: Graph) -> Graph:
     nodes = []
     for n in g.nodes:
         w = n.inputs[1] if n.op == "Conv" else None
-        if w is None or w.const is None or len(w.shape) != 4 or w.shape[0] % CONV_BLOCK:
+        if w is None or w.const is None or len(w.shape) != 4 or w.shape[0] % PADDED_BLOCK_MULTIPLE:
             nodes.append(n)
             continue
-        group = n.attrs.get("group", 1)
+        group, attrs = n.attrs.get("group", 1), n.attrs
         if group == 1:
             packed = pack_conv_weight(w.const)
-        elif group == w.shape[0] and w.shape[1] == 1:  # depthwise, one output per channel
+            if w.shape[0] % CONV_BLOCK:
+                attrs = {**attrs, "channels": w.shape[0]}
+        elif group == w.shape[0] and w.shape[1] == 1 and w.shape[0] % CONV_BLOCK == 0:  # depthwise
             packed = pack_depthwise_weight(w.const)
         else:
             nodes.append(n)
             continue
         blocked = Value(f"{w.name}_blocked", TensorType(packed.shape, w.dtype), packed)
-        nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:])))
+        nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:]), attrs=attrs))
     return Graph(g.inputs, g.outputs, nodes, g.name)

@@ -137,6 +137,7 @@ def conv2d_nchw_blocked(
     dilation: Pair = 1,
     name: str = "conv2d",
     out_blocked: bool = False,
+    out_channels: int | None = None,
 ) -> te.Tensor:
     """conv2d_nchw (groups 1) with the weight laid out F/b x C x KH x KW x b: b output channels innermost, as the
     `block_conv_weights` pass packs it once at compile time. The reduction computes N x F/b x OH x OW x b, so its
@@ -148,7 +149,8 @@ def conv2d_nchw_blocked(
     F/b x C/cb x KH x KW x cb x b (`block_conv_input_channels`), so the reduction order rco, ry, rx, rci walks it
     in one contiguous stream, as it walks the data (onnxruntime's and TVM's OIHW16i16o). With `out_blocked`
     the result stays NCHWc (the `propagate_nchwc` pass passes it to the next conv that way); otherwise a copy puts
-    it back in NCHW, which the scheduler inlines into the conv's consumer."""
+    it back in NCHW, which the scheduler inlines into the conv's consumer. `out_channels` (F) below F/b x b: the
+    weight's last block is padded with zero filters (24 channels computed as 32), and the NCHW copy keeps F of them."""
     op = "conv2d_nchw_blocked"
     if data.ndim == 5:  # NCHWc data: the weight has input-channel blocks too, F/b x C/cb x KH x KW x cb x b
         _rank(op, weight, 6, "weight (for NCHWc data)")
@@ -187,7 +189,7 @@ def conv2d_nchw_blocked(
     blocked = te.compute((N, Fb, OH, OW, b), body, name=name, tag="conv2d_nchw_blocked")
     if out_blocked:
         return blocked
-    return nchwc_to_nchw(blocked, name=f"{name}_nchw")
+    return nchwc_to_nchw(blocked, name=f"{name}_nchw", channels=out_channels)
 
 
 def depthwise_conv2d_nchwc(
@@ -233,11 +235,15 @@ def depthwise_conv2d_nchwc(
     return nchwc_to_nchw(blocked, name=f"{name}_nchw")
 
 
-def nchwc_to_nchw(data: te.Tensor, name: str = "nchw") -> te.Tensor:
-    """An N x C/b x H x W x b (NCHWc) tensor put back in NCHW: a pure re-indexing."""
+def nchwc_to_nchw(data: te.Tensor, name: str = "nchw", channels: int | None = None) -> te.Tensor:
+    """An N x C/b x H x W x b (NCHWc) tensor put back in NCHW: a pure re-indexing. `channels` below C/b x b drops the
+    last block's padding lanes (a 24-channel value travels in two blocks of 16)."""
     _rank("nchwc_to_nchw", data, 5, "input")
     N, Cb, H, W, b = data.shape
-    return te.compute((N, Cb * b, H, W), lambda n, f, y, x: data[n, f // b, y, x, f % b], name=name, tag="injective")
+    C = Cb * b if channels is None else channels
+    if not (Cb - 1) * b < C <= Cb * b:
+        raise InvalidExpr(f"nchwc_to_nchw: {C} channels do not fill the last of the {Cb} blocks of {_dims(data)}")
+    return te.compute((N, C, H, W), lambda n, f, y, x: data[n, f // b, y, x, f % b], name=name, tag="injective")
 
 
 def bias_add_nchwc(x: te.Tensor, bias: te.Tensor, name: str = "bias_add") -> te.Tensor:
@@ -426,8 +432,13 @@ def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     out_blocked = attrs.get("out_layout") == NCHWC
     strides, pads = attrs.get("strides") or (1, 1), attrs.get("pads") or (0, 0, 0, 0)
     conv_name = name if bias is None else f"{name}_conv"
-    form = conv2d_nchw_blocked if attrs.get("group", 1) == 1 else depthwise_conv2d_nchwc
-    out = form(x, w, strides, pads, attrs.get("dilations") or (1, 1), name=conv_name, out_blocked=out_blocked)
+    dilations = attrs.get("dilations") or (1, 1)
+    if attrs.get("group", 1) == 1:
+        out = conv2d_nchw_blocked(
+            x, w, strides, pads, dilations, name=conv_name, out_blocked=out_blocked, out_channels=attrs.get("channels")
+        )
+    else:
+        out = depthwise_conv2d_nchwc(x, w, strides, pads, dilations, name=conv_name, out_blocked=out_blocked)
     if bias is None:
         return [out]
     return [bias_add_nchwc(out, bias, name=name) if out_blocked else bias_add_nchw(out, bias, name=name)]
@@ -435,7 +446,7 @@ def blocked_conv(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 def nchwc_to_nchw_op(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's NCHWcToNCHW (made by `propagate_nchwc` where a blocked value meets an op that wants NCHW)."""
-    return [nchwc_to_nchw(_input("NCHWcToNCHW", ins, 0, "X"), name=name)]
+    return [nchwc_to_nchw(_input("NCHWcToNCHW", ins, 0, "X"), name=name, channels=attrs.get("channels"))]
 
 
 def _upsample_source(i: te.Expr, before: int, n: int, stride: int) -> tuple[te.Expr, list[te.Expr]]:
