@@ -48,7 +48,8 @@ Details the frontend (`compiler.model.onnx_import`) guarantees beyond that:
   channels innermost); Conv's other inputs and attributes, plus `data_layout` / `out_layout` ("NCHWc" when the data
   comes / the result goes as N x C/b x H x W x b; absent means NCHW). With out_layout NCHWc the bias is F/b x b;
   with data_layout NCHWc the weight is F/b x C/b x KH x KW x b x b (input-channel blocks too). A depthwise one
-  (`group` = C = F) has the weight C/b x KH x KW x b in either layout.
+  (`group` = C = F) has the weight C/b x KH x KW x b in either layout. `channels` = F where F is no multiple of b:
+  the weight's last block is padded with zero filters, and an NCHWc result carries zeros in those lanes.
 - `WinogradConv` (made by passes): a 3x3, stride-1, one-group Conv whose weight is transformed for Winograd
   F(m x m, 3 x 3) and laid out a x a x F/b x C x b (a = m + 2); inputs X, that weight, an optional bias (None when
   absent), then the constants B^T (a x a) and A^T (m x a); attributes `pads`, and `data_layout` / `out_layout` as
@@ -56,7 +57,8 @@ Details the frontend (`compiler.model.onnx_import`) guarantees beyond that:
 - `layout="NCHWc"` on MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (made by `propagate_nchwc`): input and
   output are N x C/b x H x W x b; other elementwise and same-shape binary ops need no attribute, their values simply
   carry the 5-D type.
-- `NCHWcToNCHW` (made by `propagate_nchwc`): one input N x C/b x H x W x b, output N x C x H x W; no attributes.
+- `NCHWcToNCHW` (made by `propagate_nchwc`): one input N x C/b x H x W x b, output N x C x H x W; `channels` where C
+  fills the last block only partly (its padding lanes are dropped).
 - Control flow (`compiler.model.onnx_import.control_flow`) runs closed subgraphs, each a `Graph` whose inputs are
   bound to the node's inputs by position:
   `If(cond, *free)` with `branches` = (then, else): `cond` a one-element bool; each branch takes `free` and gives the
