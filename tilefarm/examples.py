@@ -3,6 +3,7 @@
     from tilefarm.examples import EXAMPLES, save
     model = EXAMPLES["resnet18"](seed=0)        # an onnx.ModelProto, batch dim symbolic ("batch")
     save("encoder", "encoder.onnx", seed=1)
+    save("bert", "bert.onnx", layers=2)         # BERT-base's encoder stack, 2 of its 12 layers
 
 Weights are He-scaled and BatchNormalization statistics are random but sane, so activations stay O(1) through the
 network and outputs are not degenerate: good for numerics and speed, meaningless as predictions.
@@ -224,8 +225,11 @@ def _encoder_layer(b: _Builder, x: str, d: int, heads: int, ffn: int) -> str:
     return b.layer_norm(b.op("Add", [x, y]), d)
 
 
-def encoder(seed: int = 0, layers: int = 4, seq: int = 128, d: int = 256, heads: int = 4, ffn: int = 4):
-    """A transformer encoder without embeddings: x [batch, seq, d] -> [batch, seq, d]."""
+def encoder(
+    seed: int = 0, layers: int = 4, seq: int = 128, d: int = 256, heads: int = 4, ffn: int = 4, name: str = "encoder"
+) -> onnx.ModelProto:
+    """A transformer encoder without embeddings: x [batch, seq, d] -> [batch, seq, d]; `ffn` is the feed-forward
+    width as a multiple of d."""
     b = _Builder(seed)
     x = "x"
     for _ in range(layers):
@@ -233,7 +237,17 @@ def encoder(seed: int = 0, layers: int = 4, seq: int = 128, d: int = 256, heads:
     _rename_output(b, x, "output")
     inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, seq, d])
     out = helper.make_tensor_value_info("output", TensorProto.FLOAT, [BATCH, seq, d])
-    return b.model("encoder", [inp], [out])
+    return b.model(name, [inp], [out])
+
+
+def bert(
+    seed: int = 0, layers: int = 12, seq: int = 128, d: int = 768, heads: int = 12, ffn: int = 3072
+) -> onnx.ModelProto:
+    """BERT-base's encoder stack (Devlin et al. 2018), without embeddings or pooler: x [batch, seq, d] -> [batch, seq,
+    d]; `ffn` is the feed-forward width (BERT-base: 3072), a multiple of d."""
+    if ffn % d:
+        raise ValueError(f"ffn {ffn} must be a multiple of d {d}")
+    return encoder(seed, layers, seq, d, heads, ffn // d, name="bert")
 
 
 EXAMPLES: dict[str, Callable[..., onnx.ModelProto]] = {
@@ -241,6 +255,7 @@ EXAMPLES: dict[str, Callable[..., onnx.ModelProto]] = {
     "resnet18": resnet18,
     "mobilenetv2": mobilenetv2,
     "encoder": encoder,
+    "bert": bert,
 }
 
 
