@@ -167,7 +167,7 @@ def tune_model(name: str, threads: int, trials: int, population: int, path: Path
           f"{'cold' if cold else 'warm'} -> {path}", flush=True)  # fmt: skip
     sched, _ = _stage(
         "tune", _tune, plan.all_tasks, trials, threads, path, population, False, cold_constants=cold,
-        choices=plan.choices,
+        choices=plan.choices, graph=graph,
     )  # fmt: skip
     print("\n".join("    " + line for line in sched.table().splitlines()))
     _report_search(sched, 0.0)

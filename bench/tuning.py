@@ -53,9 +53,11 @@ def _tune(
     choices: Sequence[FormChoice] = (),
     params: SearchParams | None = None,
     seed: int = 0,
+    graph=None,
 ) -> tuple[TaskScheduler, float]:
     """The scheduler after tuning, and the wall time of the earlier tuning it resumed (0 if none); `params` replace
-    the search's defaults (population `population`), `seed` seeds the search and the cost model."""
+    the search's defaults (population `population`), `seed` seeds the search and the cost model; with the model's
+    `graph`, the model is compiled and timed while it is tuned, as `tilefarm tune` does (compiler.artifact.in_model)."""
 
     if not resume:
         path.unlink(missing_ok=True)
@@ -76,7 +78,16 @@ def _tune(
     )
     with LocalBuilder() as builder, runner:
         t0 = time.perf_counter()
-        sched = TaskScheduler(tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices)
+        timer = None
+        if graph is not None:
+            from compiler.artifact.in_model import time_in_model
+
+            def timer():
+                return time_in_model(graph, db, threads=threads)
+
+        sched = TaskScheduler(
+            tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices, model_timer=timer
+        )
         prior_s = 0.0
         if resume:
             stamps = [r.timestamp for r in db]
@@ -254,7 +265,8 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
 
     model = EXAMPLES["resnet18"](seed=0)
     feeds = batch1_inputs(model)
-    plan = tuning_plan(load(model, {k: list(v.shape) for k, v in feeds.items()}), conv_forms=args.model_conv_forms)
+    graph = load(model, {k: list(v.shape) for k, v in feeds.items()})
+    plan = tuning_plan(graph, conv_forms=args.model_conv_forms)
     path = Path(args.records_dir) / f"resnet18-{threads}t.jsonl"
     print(f"  {threads} thr: tuning {len(plan.tasks)} tasks, {args.model_trials} trials -> {path}")
     if plan.choices:
@@ -276,6 +288,7 @@ def run_resnet18(threads: int, args, rows: list[dict]) -> None:
         share_siblings=not args.no_sibling_sharing,
         cold_constants=cold,
         choices=plan.choices,
+        graph=graph,
     )
     print("\n".join("    " + line for line in sched.table().splitlines()))
     extra = _report_search(sched, prior_s)

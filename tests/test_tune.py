@@ -582,3 +582,72 @@ def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
     stored = [r for r in JSONLinesDatabase(tmp_path / "r.jsonl") if r.steps == (("StepOfALaterVersion", 1),)]
     assert [r.costs for r in stored] == [(1e-6,)]
     assert sched.progress[0].best == 1e-3
+
+
+class PerTaskRunner:
+    """Times every program of a task at that task's fixed latency (by its DAG's first placeholder's shape)."""
+
+    cache = WARM
+
+    def __init__(self, latency: dict[tuple, float]):
+        self.latency = latency
+
+    def run(self, inputs, builds):
+        return [MeasureResult((self.latency[inp.task.dag.ops[0].shape],), None, "", 0.0, 0.0) for inp in inputs]
+
+
+def _two_tasks():
+    a, b = te.placeholder((8, 8), name="A"), te.placeholder((8, 8), name="B")
+    small = ComputeDAG([a, b, ops.matmul(a, b, name="C")])
+    return [TASK, replace(Task(small.workload_key, small, "matmul8"), weight=2)]
+
+
+def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
+    # the tuner times matmul64 at 1 ms and matmul8 at 0.5 ms (twice per run): 2 ms alone; in the model's run the
+    # first call takes 3 ms, the others 0.5, and the run 5 ms (1 ms of overhead). Once timed, the estimate is the run
+    tasks = _two_tasks()
+    runner = PerTaskRunner({(N, N): 1e-3, (8, 8): 0.5e-3})
+    timings = []
+
+    class Timing:
+        run_s, per_call, calls = 5e-3, {tasks[0].key: 3e-3, tasks[1].key: 0.5e-3}, {tasks[0].key: 1, tasks[1].key: 2}
+        overhead_s = 1e-3
+
+    def timer():
+        timings.append(1)
+        return Timing()
+
+    options = TuneOptions(trials=32, measures_per_round=8, params=PARAMS, seed=0, retime_best=0)
+    sched = TaskScheduler(
+        tasks, JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0), builder=InstantBuilder(),
+        runner=runner, model_timer=timer,
+    )  # fmt: skip
+    sched.run()
+    assert sched.kernels_latency == pytest.approx(2e-3)
+    assert sched.estimated_latency == pytest.approx(5e-3)
+    first, *_, last = sched.model_checks
+    # after the warm-up: the estimate was the kernels' own; at the end it had followed the run already
+    assert first.estimate_s == pytest.approx(2e-3) and first.run_s == 5e-3 and first.note == ""
+    assert last.note == "final" and last.estimate_s == pytest.approx(5e-3)
+    assert len(timings) == len(sched.model_checks) >= 3  # the warm-up, each quarter of the trials, the end
+    assert "run 5.000 ms; estimate before it 5.000 ms (+0.0%)" in sched.table()
+    # a task that costs more in the run weighs more in the objective: matmul64's gradient is 3x its kernel-only one
+    sched.progress[0].history = [2e-3, 1.5e-3, 1.2e-3, 1e-3]
+    with_factor = sched._gradient(0)
+    sched._factor = {}
+    assert with_factor == pytest.approx(3 * sched._gradient(0))
+
+
+def test_a_model_timer_that_fails_leaves_the_kernels_estimate(tmp_path):
+    def timer():
+        raise RuntimeError("no C compiler")
+
+    options = TuneOptions(trials=16, measures_per_round=8, params=PARAMS, seed=0, retime_best=0)
+    sched = TaskScheduler(
+        _two_tasks(), JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0),
+        builder=InstantBuilder(), runner=PerTaskRunner({(N, N): 1e-3, (8, 8): 0.5e-3}), model_timer=timer,
+    )  # fmt: skip
+    sched.run()
+    assert sched.estimated_latency == pytest.approx(2e-3)
+    assert sched.model_checks and all(c.note == "RuntimeError: no C compiler" for c in sched.model_checks)
+    assert "model timing after 16 trials failed: RuntimeError: no C compiler" in sched.table()

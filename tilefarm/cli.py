@@ -339,7 +339,7 @@ def _open_database(url: str):
     return SQLDatabase(url, created_by=user)
 
 
-def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
+def _run_tuning(tasks, args: argparse.Namespace, choices=(), graph=None) -> int:
     from compiler.costs.records import JSONLinesDatabase
     from compiler.search.task_scheduler import TaskScheduler
     from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
@@ -370,7 +370,7 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
     ):
         sched = TaskScheduler(
             tasks, db, _tune_options(args), model=model, builder=builder, runner=runner, callback=progress,
-            choices=choices, target=target,
+            choices=choices, target=target, model_timer=_model_timer(graph, db, target, args),
         )  # fmt: skip
         if args.resume:
             loaded = bool(args.model_file) and Path(args.model_file).exists()
@@ -396,6 +396,17 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=()) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _model_timer(graph, db, target, args: argparse.Namespace):
+    """What times the model compiled with the records so far while it is tuned (TaskScheduler's model_timer): a model
+    tuned on this host, unless --no-model-timing; None for a kernel (tune-kernel has no model)."""
+    if graph is None or getattr(args, "no_model_timing", False):
+        return None
+    from compiler.artifact.in_model import time_in_model
+
+    disabled = tuple(args.disable_pass or ())
+    return lambda: time_in_model(graph, db, target, args.threads, disabled_passes=disabled)
 
 
 def _take_prior(db, args: argparse.Namespace, where: str) -> None:
@@ -476,7 +487,7 @@ def tune_graph(graph, label: str, args: argparse.Namespace) -> int:
         measured = args.weights == "cold" and not weights_arrive_cold(plan.calls, l3)
         kept = ", not kept cached here (measured)" if measured else ""
         print(f"weights {mb:.1f} MiB, last-level cache {l3_mb:.0f} MiB{kept}: kernels timed with weights", args.weights)
-    return _run_tuning(plan.all_tasks, args, plan.choices)
+    return _run_tuning(plan.all_tasks, args, plan.choices, graph)
 
 
 def cmd_tune_kernel(args: argparse.Namespace) -> int:
@@ -713,6 +724,13 @@ def build_parser() -> argparse.ArgumentParser:
             "whose weights exceed the last-level cache meets them; auto (default): cold exactly then",
         )
         t.add_argument("--seed", type=_at_least(0), default=0)
+        if name == "tune":
+            t.add_argument(
+                "--no-model-timing",
+                action="store_true",
+                help="never compile and time the whole model while tuning (by default it is timed after the first "
+                "round of every task, each quarter of the trials and at the end, and the estimate follows its run)",
+            )
         t.add_argument(
             "--no-sibling-sharing",
             action="store_true",

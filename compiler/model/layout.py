@@ -27,8 +27,8 @@ from compiler.model.graph import NCHWC, Graph, Node, TensorType, Value, toposort
 from compiler.model.passes import (
     CONV_BLOCK,
     ELEMWISE,
-    PADDED_BLOCK_MULTIPLE,
     block_conv_input_channels,
+    blockable_channels,
     pad_channels,
     pattern,
 )
@@ -49,7 +49,7 @@ _PADDING_SAFE = {
 
 
 def _blockable_shape(v: Value) -> bool:
-    return len(v.shape) == 4 and v.shape[1] % PADDED_BLOCK_MULTIPLE == 0 and v.dtype in _FLOATS
+    return len(v.shape) == 4 and blockable_channels(v.shape[1]) and v.dtype in _FLOATS
 
 
 def _padded(v: Value) -> bool:

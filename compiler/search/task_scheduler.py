@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -84,6 +85,7 @@ class TuneStats:
     build_s: float = 0.0
     run_s: float = 0.0
     train_s: float = 0.0
+    model_timing_s: float = 0.0  # compiling and timing the whole model (TaskScheduler's model_timer)
     wall_s: float = 0.0
     trials: int = 0
     confirmed: int = 0  # new bests timed a second time (TuneOptions.confirm_best)
@@ -92,7 +94,7 @@ class TuneStats:
 
     def shares(self) -> dict[str, float]:
         total = max(self.wall_s, 1e-9)
-        return {k: getattr(self, f"{k}_s") / total for k in ("search", "build", "run", "train")}
+        return {k: getattr(self, f"{k}_s") / total for k in ("search", "build", "run", "train", "model_timing")}
 
 
 @dataclass
@@ -133,6 +135,11 @@ class TuneOptions:
     # timings still beat the re-timed best are then timed beside it (`_retime`). 0 ends with the single timings, as
     # Ansor does.
     retime_best: int = 3
+    # With a model timer (TaskScheduler's `model_timer`: the model compiled with the records so far and timed whole,
+    # compiler.artifact.in_model), the model is timed after the warm-up, each time this share of the trials has
+    # passed since, and at the end: each task's in-run time over its tuned time scales its share of the estimate and
+    # of the objective the next task is chosen by, and the run's overhead beyond its calls joins the estimate.
+    model_timing_every: float = 0.25
 
 
 def refuse_unguarded_main() -> None:
@@ -175,9 +182,11 @@ class TaskScheduler:
         target: Target | None = None,
         callback: Callable[[TaskScheduler], None] | None = None,
         choices: Sequence[FormChoice] = (),
+        model_timer: Callable[[], InModelTiming] | None = None,
     ):
         """`tasks`: a model's tasks (plan_tasks), and the tasks of its convs' other forms (form_choices, weight 0);
-        `choices`: those convs, each counted in the objective as the faster of its forms."""
+        `choices`: those convs, each counted in the objective as the faster of its forms; `model_timer`: times the
+        model compiled with the records so far (TuneOptions.model_timing_every)."""
         refuse_unguarded_main()
         self.options = options or TuneOptions()
         self.target = target or host_target()
@@ -204,6 +213,11 @@ class TaskScheduler:
         for forms in self._choices:
             self._fixed[forms[0]] -= 1
         self.resumed = 0
+        self.model_timer = model_timer
+        self._factor: dict[int, float] = {}  # task index -> its in-run time over its tuned time, at the last timing
+        self._overhead = 0.0  # the last timed run's seconds beyond its calls' in-run times (in_model.ModelTiming)
+        self.model_checks: list[ModelCheck] = []
+        self._next_timing = 0
         self._sibling_lists: dict[int, list[TaskProgress]] = {}
         # per task, programs of sibling workloads the database holds (tuned for other models), ranked as _foreign does
         self._stored: dict[int, list[tuple[float, int, Candidate]]] | None = None
@@ -261,6 +275,7 @@ class TaskScheduler:
             for i, p in enumerate(self.progress):
                 if p.trials == 0 and not self._out_of_budget(start):
                     self._round(i, with_default=opts.measure_default, size=self._warmup_size(p))
+            self._time_model()
             while not self._out_of_budget(start):
                 live = [i for i, p in enumerate(self.progress) if not p.done]
                 if not live:
@@ -269,9 +284,12 @@ class TaskScheduler:
                     self._round(self._pick(live))
                 else:
                     self._round(min(live, key=lambda k: self.progress[k].rounds))
+                if self.stats.trials >= self._next_timing:
+                    self._time_model()
             if opts.retime_best:
                 for p in self.progress:
                     self._retime(p)
+            self._time_model(final=True)
         finally:
             self.stats.wall_s += time.perf_counter() - start
             if self._own:
@@ -296,13 +314,41 @@ class TaskScheduler:
         if not math.isfinite(p.best):
             return 0.0
         step = self._step(p)
-        grad = self._fixed[i] * step
+        grad = self._fixed[i] * step * self._factor.get(i, 1.0)
         for forms in self._choices:
             if i in forms:
-                now = [self.progress[j].best for j in forms]
-                after = [b + step if j == i else b for j, b in zip(forms, now)]
+                now = [self._in_model(j) for j in forms]
+                after = [b + step * self._factor.get(i, 1.0) if j == i else b for j, b in zip(forms, now)]
                 grad += chosen_cost(after) - chosen_cost(now)
         return grad
+
+    def _in_model(self, i: int) -> float:
+        """Task i's best latency as a call of it lasts in the model's run (its tuned latency where none was timed)."""
+        return self.progress[i].best * self._factor.get(i, 1.0)
+
+    def _time_model(self, final: bool = False) -> None:
+        """Time the model compiled with the records so far (the `model_timer`), once every task has a program:
+        each task's factor becomes its in-run time per call over its best tuned time, and the run's overhead beyond
+        its calls is kept. A timer that fails is reported in the check and changes nothing."""
+        if self.model_timer is None or not all(math.isfinite(p.best) for p in self.progress):
+            return
+        every = max(1, int(self.options.trials * self.options.model_timing_every))
+        self._next_timing = self.stats.trials + every
+        before, alone = self.estimated_latency, self.kernels_latency
+        t = time.perf_counter()
+        try:
+            timing = self.model_timer()
+        except Exception as e:  # noqa: BLE001 - the tuning goes on with the kernels' own timings
+            self.model_checks.append(ModelCheck(self.stats.trials, alone, before, math.nan, f"{type(e).__name__}: {e}"))
+            return
+        finally:
+            self.stats.model_timing_s += time.perf_counter() - t
+        for i, p in enumerate(self.progress):
+            per_call = timing.per_call.get(p.task.key)
+            if per_call is not None and p.best > 0:
+                self._factor[i] = per_call / p.best
+        self._overhead = timing.overhead_s
+        self.model_checks.append(ModelCheck(self.stats.trials, alone, before, timing.run_s, "final" if final else ""))
 
     def _step(self, p: TaskProgress) -> float:
         """The task's expected latency change in one more round (Ansor's backward and forward estimates)."""
@@ -601,7 +647,15 @@ class TaskScheduler:
     @property
     def estimated_latency(self) -> float:
         """Σ calls × best latency over tasks, a conv with a choice of forms at the one compile would take (inf while a
-        task has no valid program)."""
+        task has no valid program); once the model was timed (`model_timer`), each latency as the task's calls last
+        in the run, plus the run's overhead beyond its calls."""
+        fixed = sum(f * self._in_model(i) for i, f in enumerate(self._fixed) if f)
+        chosen = sum(chosen_cost([self._in_model(j) for j in forms]) for forms in self._choices)
+        return fixed + chosen + self._overhead
+
+    @property
+    def kernels_latency(self) -> float:
+        """The estimate from the kernels' own timings alone: Σ calls × best tuned latency."""
         fixed = sum(f * p.best for f, p in zip(self._fixed, self.progress) if f)
         return fixed + sum(chosen_cost([self.progress[j].best for j in forms]) for forms in self._choices)
 
@@ -620,6 +674,8 @@ class TaskScheduler:
         missing = sum(1 for p in self.progress if not math.isfinite(p.best))
         unknown = f" ({missing} tasks without a measured program yet)" if missing else ""
         rows.append(f"estimated end-to-end latency: {est:.3f} ms{unknown}   trials: {self.stats.trials}")
+        for c in self.model_checks:
+            rows.append(c.describe())
         return "\n".join(rows)
 
     def close(self) -> None:
@@ -627,6 +683,38 @@ class TaskScheduler:
             close = getattr(x, "close", None)
             if close:
                 close()
+
+
+class InModelTiming(Protocol):
+    """A compiled model's run timed on this host (compiler.artifact.in_model.ModelTiming)."""
+
+    run_s: float
+    per_call: dict[str, float]  # task key -> seconds of one call inside the run
+
+    @property
+    def overhead_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """One timing of the whole model during tuning: after how many trials, the estimate from the kernels alone and
+    the estimate just before (both seconds), the run measured (nan where the timer failed), and a note."""
+
+    trials: int
+    kernels_s: float
+    estimate_s: float
+    run_s: float
+    note: str = ""
+
+    def describe(self) -> str:
+        if not math.isfinite(self.run_s):
+            return f"model timing after {self.trials} trials failed: {self.note}"
+        off = (self.estimate_s / self.run_s - 1) * 100
+        return (
+            f"{'the compiled model' if self.note == 'final' else 'model'} timed after {self.trials} trials: "
+            f"run {self.run_s * 1e3:.3f} ms; estimate before it {self.estimate_s * 1e3:.3f} ms ({off:+.1f}%), from "
+            f"the kernels alone {self.kernels_s * 1e3:.3f} ms ({(self.kernels_s / self.run_s - 1) * 100:+.1f}%)"
+        )
 
 
 def replay_input(task: Task, record: TuningRecord) -> MeasureInput | None:

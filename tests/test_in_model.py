@@ -1,0 +1,36 @@
+"""The whole model timed during tuning (compiler.artifact.in_model): its run, and each task's calls inside it."""
+
+from __future__ import annotations
+
+import math
+
+from compiler.artifact.in_model import time_in_model
+from compiler.model.onnx_import import load
+from compiler.tensor.tasks import kernel_calls, plan_tasks
+from tilefarm.cli import main
+from tilefarm.examples import tiny_cnn
+
+
+def test_every_task_of_the_plan_is_timed_inside_the_run():
+    graph = load(tiny_cnn())
+    tasks, calls, _ = plan_tasks(graph)
+    timing = time_in_model(graph, None, threads=1, repeat=3)
+    assert set(timing.per_call) == {t.key for t in tasks}
+    assert timing.calls == {t.key: sum(c.task.key == t.key for c in kernel_calls(calls)) for t in tasks}
+    assert timing.run_s > 0 and all(s > 0 for s in timing.per_call.values())
+    assert abs(timing.overhead_s) < timing.run_s
+
+
+def test_tune_times_the_compiled_model_and_its_estimate_follows_the_run(tmp_path, capsys):
+    model, records = tmp_path / "m.onnx", tmp_path / "r.jsonl"
+    assert main(["example", "tiny_cnn", "-o", str(model)]) == 0
+    tune = ["tune", str(model), "--records", str(records), "--per-round", "2", "--population", "16", "--threads", "1"]
+    assert main([*tune, "--trials", "12", "--retime-best", "0"]) == 0
+    out = capsys.readouterr().out
+    timed = [line for line in out.splitlines() if line.startswith("the compiled model timed after 12 trials: run ")]
+    assert len(timed) == 1 and "model_timing" in out
+    estimate = float(out.split("estimated end-to-end latency: ")[1].split(" ms")[0])
+    run = float(timed[0].split("run ")[1].split(" ms")[0])
+    assert math.isclose(estimate, run, rel_tol=0.05)  # calibrated on that very timing
+    assert main([*tune, "--trials", "2", "--resume", "--no-model-timing"]) == 0
+    assert "model timed" not in capsys.readouterr().out
