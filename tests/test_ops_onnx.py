@@ -22,7 +22,7 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler.base import dtypes
 from compiler.base.errors import InvalidExpr, UnsupportedDType
-from compiler.model.passes import block_conv_input_channels, pack_conv_weight
+from compiler.model.passes import block_conv_input_channels, pack_conv_weight, pack_depthwise_weight
 from compiler.model.winograd import winograd_matrices, winograd_weight
 from compiler.schedule import interp
 from compiler.schedule.lower import lower
@@ -428,6 +428,28 @@ def nn_cases() -> list[Case]:
         Case("BlockedConv", [f32(2, 4, 9, 8), w2], conv((3, 2), pads=(2, 1, 2, 1), dil=(2, 1)), tol=REDUCTION,
              reference=lambda x, w: blocked_ref(x, w, None, 1, (2, 1, 2, 1), (2, 1))),
     ]  # fmt: skip
+    # PackedMatMul (made by passes): the constant B laid out in panels N/P x K x P
+    panels = lambda b, p: np.ascontiguousarray(b.reshape(b.shape[0], -1, p).transpose(1, 0, 2))
+    b1, b2 = f32(6, 64), f32(5, 8)
+    cases += [
+        Case("PackedMatMul", [f32(4, 6), panels(b1, 32)], tol=REDUCTION, reference=lambda a, w: [a @ b1]),
+        Case("PackedMatMul", [f32(2, 3, 5), panels(b2, 4)], tol=REDUCTION, reference=lambda a, w: [a @ b2]),
+    ]
+
+    # a depthwise BlockedConv: the weight C/16 x KH x KW x 16; and one of 24 filters, padded to two blocks
+    def depthwise_ref(x, w, b=None, stride=1, padding=0):
+        unpacked = w.transpose(0, 3, 1, 2).reshape(-1, 1, *w.shape[1:3])
+        out = ops.reference_conv2d(x, unpacked, stride, padding, groups=unpacked.shape[0])
+        return [out + (0 if b is None else b[None, :, None, None])]
+
+    wd, w24 = pack_depthwise_weight(f32(32, 1, 3, 3)), pack_conv_weight(f32(24, 5, 1, 1))
+    dw = conv((3, 3), (2, 2), (1, 1, 1, 1), group=32)
+    cases += [
+        Case("BlockedConv", [f32(1, 32, 7, 9), wd, f32(32)], dw, tol=REDUCTION,
+             reference=lambda x, w, b: depthwise_ref(x, w, b, (2, 2), (1, 1, 1, 1))),
+        Case("BlockedConv", [f32(1, 5, 4, 6), w24, f32(24)], {**conv((1, 1)), "channels": 24}, tol=REDUCTION,
+             reference=lambda x, w, b: [blocked_ref(x, w)[0][:, :24] + b[:, None, None]]),
+    ]  # fmt: skip
     cases += nchwc_cases(blocked_ref)
     # WinogradConv (made by passes): the weight transformed for F(m x m, 3 x 3); NCHW or NCHWc data and result
     wa, wb = f32(32, 16, 3, 3) / 12, f32(16, 32, 3, 3) / 17
@@ -669,6 +691,7 @@ def nchwc_cases(blocked_ref) -> list[Case]:
     counts = _window_ref(ones, 3, 2, 1, 0.0, np.sum)  # count_include_pad=0: in-bounds taps only
     return [
         Case("NCHWcToNCHW", [x], reference=lambda x: [_to_nchw(x)]),
+        Case("NCHWcToNCHW", [x], {"channels": 24}, reference=lambda x: [_to_nchw(x)[:, :24]]),
         Case("BlockedConv", [x, w6, bias], both, tol=REDUCTION,
              reference=lambda x, w6, b: [_to_nchwc(conv_ref(x, w, b.reshape(-1))[0])]),
         Case("BlockedConv", [x, w6], {**attrs, "data_layout": "NCHWc"}, tol=REDUCTION,

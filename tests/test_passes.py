@@ -142,3 +142,47 @@ def test_block_conv_weights_packs_output_channel_blocks():
     # output channels that do not fill blocks, and grouped convs, stay Conv
     for kept in (conv_graph(rng, with_bn=False, f=CONV_BLOCK + 4), conv_graph(rng, with_bn=False, f=32, group=2)):
         assert [n.op for n in block_conv_weights(kept).nodes] == ["Conv", "Relu"]
+
+
+def test_pack_matmul_weights_lays_constant_weights_out_in_panels():
+    from compiler.artifact.build import run_in_process
+    from compiler.model.passes import MATMUL_PANEL, pack_matmul_weights
+
+    rng = np.random.default_rng(4)
+    n = 3 * MATMUL_PANEL
+    w = val("w", (64, n), rng.standard_normal((64, n)).astype(np.float32))
+    x, y = val("x", (2, 5, 64)), val("y", (2, 5, n))
+    g = Graph([x], [y], [Node("MatMul", (x, w), (y,), {}, "mm")])
+    (mm,) = pack_matmul_weights(g).nodes
+    panels = mm.inputs[1].const
+    assert mm.op == "PackedMatMul" and panels.shape == (3, 64, MATMUL_PANEL) and panels.flags.c_contiguous
+    for j in (0, 7, MATMUL_PANEL + 1, n - 1):  # column j is lane j % P of panel j // P
+        np.testing.assert_array_equal(panels[j // MATMUL_PANEL, :, j % MATMUL_PANEL], w.const[:, j])
+    a = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_in_process(g, {"x": a})["y"], a @ w.const, rtol=1e-4, atol=1e-4)
+    # a one-row GEMV keeps its rows (its tile reads them in long runs); columns that fill no panels stay too
+    for x_shape, cols in (((1, 64), n), ((4, 64), n + 8)):
+        wk = val("w", (64, cols), rng.standard_normal((64, cols)).astype(np.float32))
+        kept = Graph([val("x", x_shape)], [val("y", (x_shape[0], cols))], [])
+        kept.nodes.append(Node("MatMul", (kept.inputs[0], wk), (kept.outputs[0],), {}, "mm"))
+        assert [n.op for n in pack_matmul_weights(kept).nodes] == ["MatMul"]
+
+
+def test_a_gelu_fuses_into_the_gemm_whose_output_it_reads_twice():
+    # x * 0.5 * (1 + erf(x / sqrt 2)) after a matmul + bias: one kernel, the GEMM's tile read by both branches
+    rng = np.random.default_rng(5)
+    x, w = val("x", (8, 16)), val("w", (16, 32), rng.standard_normal((16, 32)).astype(np.float32))
+    b = val("b", (32,), rng.standard_normal(32).astype(np.float32))
+    c = {k: val(k, (), np.array(v, np.float32)) for k, v in (("s2", 2**0.5), ("one", 1.0), ("half", 0.5))}
+    mm, h, d, e, p, m, y = (val(k, (8, 32)) for k in ("mm", "h", "d", "e", "p", "m", "y"))
+    nodes = [
+        Node("MatMul", (x, w), (mm,), {}, "mm"),
+        Node("Add", (mm, b), (h,), {}, "bias"),
+        Node("Div", (h, c["s2"]), (d,), {}, "div"),
+        Node("Erf", (d,), (e,), {}, "erf"),
+        Node("Add", (e, c["one"]), (p,), {}, "add1"),
+        Node("Mul", (h, p), (m,), {}, "mul"),
+        Node("Mul", (m, c["half"]), (y,), {}, "half"),
+    ]
+    groups = fuse(optimize(Graph([x], [y], nodes)))
+    assert [[n.name for n in grp.nodes] for grp in groups] == [["mm", "bias", "div", "erf", "add1", "mul", "half"]]

@@ -1,5 +1,6 @@
 """Fusion (TVM's FuseOps op patterns): an anchor (conv, matmul, pooling) absorbs the chain of elementwise and
-broadcast ops after it; chains of injective ops fuse with each other and into a reduction that reads them."""
+broadcast ops after it, a diamond of them too (a GELU reads its GEMM's output twice); chains of injective ops fuse
+with each other and into a reduction that reads them."""
 
 from __future__ import annotations
 
@@ -48,8 +49,11 @@ def fuse(g: Graph) -> list[Group]:
             pg = group_of[id(p)]
             if pg == me or len(members[pg]) + len(members[me]) > MAX_GROUP:
                 continue
-            # the producer's value must be needed only here, so the fused kernel can keep it in registers
-            if len(consumers.get(id(v), [])) != 1 or id(v) in graph_outputs or len(p.outputs) != 1:
+            # the producer's value must be needed only here, so the fused kernel can keep it in registers; or only by
+            # elementwise ops that an anchor absorbs, as a GELU's x * (1 + erf(x / sqrt 2)) reads its GEMM's output
+            readers = consumers.get(id(v), [])
+            shared = len(readers) > 1 and kind(pg) == ANCHOR and all(pattern(r) <= BROADCAST for r in readers)
+            if (len(readers) != 1 and not shared) or id(v) in graph_outputs or len(p.outputs) != 1:
                 continue
             pk, mk = kind(pg), pattern(node)
             absorb = pk in (ANCHOR, REDUCE) and mk <= BROADCAST  # conv/matmul/reduce takes its elementwise consumer

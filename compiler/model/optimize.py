@@ -15,6 +15,7 @@ from compiler.model.passes import (
     conv_forms,
     fold_batchnorm,
     gemm_to_matmul,
+    pack_matmul_weights,
     remove_identity,
     remove_unused,
     winograd_convs,
@@ -25,6 +26,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("remove_identity", remove_identity),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
+    ("pack_matmul_weights", pack_matmul_weights),
     ("winograd_convs", winograd_convs),
     ("block_conv_weights", block_conv_weights),
     ("propagate_nchwc", propagate_nchwc),
@@ -33,7 +35,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 
 # the passes a user may turn off (`--disable-pass`): the graph runs without them, only slower (or, without
 # winograd_convs, with the direct conv's rounding); the others turn ops into the forms the kernels exist for
-OPTIONAL_PASSES = ("winograd_convs", "block_conv_weights", "propagate_nchwc")
+OPTIONAL_PASSES = ("pack_matmul_weights", "winograd_convs", "block_conv_weights", "propagate_nchwc")
 
 
 def check_disabled(disabled: Collection[str]) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import numpy as np
 from compiler.base.errors import InvalidExpr
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _padding, _pair
-from compiler.tensor.ops.linalg import batch_matmul, matmul
+from compiler.tensor.ops.linalg import batch_matmul, matmul, packed_matmul
 from compiler.tensor.ops.nn import (
     avg_pool2d,
     conv2d_bias_relu,
@@ -124,6 +124,14 @@ def _f64(fn: Callable[..., np.ndarray]) -> Callable[..., list[np.ndarray]]:
 KERNELS: dict[str, KernelCase] = {
     # K=64: max err 1e-5
     "matmul": KernelCase((("A", (32, 64)), ("B", (64, 40))), matmul, _f64(np.matmul), rtol=1e-5, atol=1e-4),
+    # K=24 against a weight in panels of 16 columns (a tile may span two panels): max err 6e-6
+    "matmul_packed": KernelCase(
+        (("A", (3, 10, 24)), ("W", (3, 24, 16))),
+        packed_matmul,
+        _f64(lambda a, w: a @ w.transpose(1, 0, 2).reshape(w.shape[1], -1)),
+        rtol=1e-5,
+        atol=1e-4,
+    ),
     # K=32: max err 6e-6
     "batch_matmul": KernelCase(
         (("A", (3, 16, 32)), ("B", (3, 32, 24))), batch_matmul, _f64(np.matmul), rtol=1e-5, atol=1e-4

@@ -93,6 +93,35 @@ def matmul_op(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [te.compute(shape, body, name=name, tag="batch_matmul" if batch else "matmul")]
 
 
+def packed_matmul(A: te.Tensor, W: te.Tensor, name: str = "matmul") -> te.Tensor:
+    """C[..., i, j] = sum_k A[..., i, k] * B[k, j] with the constant B laid out in panels N/P x K x P (P = W's last
+    dim), as `pack_matmul_weights` packs it at compile time: a tile of up to P columns reads its weight as one
+    contiguous stream of K x P floats, where B's own rows lie N floats apart (BERT's 768 x 3072 FFN weight: 12 KiB,
+    so a tile's reads of a weight that comes from memory each run span K pages). onnxruntime's MLAS packs B alike."""
+    op = "packed_matmul"
+    if A.ndim < 2:
+        raise InvalidExpr(f"{op}: A {_dims(A)} must have at least 2 dims")
+    _rank(op, W, 3, "W (panels N/P x K x P)")
+    _same_dtype(op, A, W)
+    (panels, K, P), K2 = W.shape, A.shape[-1]
+    if K != K2:
+        raise InvalidExpr(f"{op}: A is {_dims(A)} and W is {_dims(W)}; A's columns ({K2}) must equal W's rows ({K})")
+    k = te.reduce_axis(K, "k")
+
+    def body(*i):
+        j = i[-1]
+        return te.sum(A[(*i[:-1], k)] * W[j // P, k, j % P], axis=k)
+
+    return te.compute((*A.shape[:-1], panels * P), body, name=name, tag="matmul")
+
+
+def packed_matmul_op(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """tilefarm's PackedMatMul (made by `pack_matmul_weights` from a MatMul with a constant 2-D B)."""
+    a, w = _input("PackedMatMul", ins, 0, "A"), _input("PackedMatMul", ins, 1, "W")
+    _dtype_in("PackedMatMul", a, NUMERIC)
+    return [packed_matmul(a, w, name=name)]
+
+
 def gemm(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """ONNX Gemm: alpha * A' B' + beta * C, A' and B' optionally transposed, C broadcast to M x N."""
     a, b, c = _input("Gemm", ins, 0, "A"), _input("Gemm", ins, 1, "B"), ins[2] if len(ins) > 2 else None
@@ -135,4 +164,4 @@ def dense_op(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [dense(x, w, bias, name=name if bias is None else f"{name}_matmul")]
 
 
-LINALG_OPS = {"MatMul": matmul_op, "Gemm": gemm, "Dense": dense_op}
+LINALG_OPS = {"MatMul": matmul_op, "Gemm": gemm, "Dense": dense_op, "PackedMatMul": packed_matmul_op}
