@@ -12,9 +12,10 @@ weights timed cold where they outgrow the cache; records in DIR/models-<model>-<
 the untuned and the tuned artifact timed in one interleaved call in a fresh process (one that has just tuned times a
 model up to 1.7x slow: see bench.timing). It prints the three medians, the speed ratios ort/untuned and ort/tuned
 (onnxruntime's latency over tilefarm's: above 1, tilefarm is faster), the task scheduler's estimate of the model's
-latency (Σ calls × best latency, as `tilefarm tune` prints it) and the tuned run's distance from it, trials and
-tuning seconds. JSON rows: model, system, threads, trials, tuning_s, median_ms, estimate_ms (None where they do not
-apply) and, for tilefarm, max_rel_diff.
+latency (as `tilefarm tune` prints it: the kernels' best latencies scaled by the whole-model timings taken while
+tuning, docs/whole-models.md) and the tuned run's distance from it, trials and tuning seconds. JSON rows: model,
+system, threads, trials, tuning_s, median_ms, estimate_ms (None where they do not apply) and, for tilefarm,
+max_rel_diff.
 
 By default the models of MODELS; --only NAME runs those whose name contains NAME, or any example by its exact name
 (`--only tiny_cnn`). A model the pipeline cannot handle is reported with its error and skipped; the exit status is 1

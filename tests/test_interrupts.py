@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from server.db import session_scope
@@ -236,3 +237,24 @@ def test_ctrl_c_while_a_command_starts_is_one_line_too(tmp_path):
         assert proc.returncode == 130, (delay, err[-2000:])
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("interrupted: tilefarm"), (delay, err[-2000:])
+
+
+def test_a_ctrl_c_while_native_extensions_load_is_raised_once_they_have():
+    # (tilefarm.interrupts) the handler in place before the block is back after it, and the held Ctrl-C is raised then
+    from tilefarm.interrupts import held_interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with held_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs between bytecodes: here, if it is to raise inside
+            reached_the_end = True
+    assert reached_the_end and signal.getsignal(signal.SIGINT) is before
+    with held_interrupts():  # no Ctrl-C: nothing raised
+        pass
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(held_interrupts().__enter__() is None))
+    worker.start()
+    worker.join()
+    assert outcome == [True]  # outside the main thread it sets no handler (it could not)

@@ -109,8 +109,13 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 
 
 def _load_model(path: str, shapes: str | None, model_format: str | None = None):
-    from compiler.model import load_any
-    from compiler.model.onnx_import import parse_input_shapes
+    from tilefarm.interrupts import held_interrupts
+
+    with held_interrupts():  # onnx's C++ extension loads here: a Ctrl-C inside it aborted the process
+        import onnx  # noqa: F401
+
+        from compiler.model import load_any
+        from compiler.model.onnx_import import parse_input_shapes
 
     if not Path(path).exists():
         raise SystemExit(f"error: no such model file: {path}")

@@ -51,6 +51,7 @@ RETIME_ROUNDS = 2  # times each task's fastest programs are timed again, side by
 RETIME_PASSES = 4  # passes of the re-timing at most (the first, then challengers beside the incumbent; _retime)
 RETIME_CHALLENGERS = 8  # programs not re-timed but faster than the re-timed best, timed beside it in one batch
 RETIME_MAX_CHALLENGERS = 64  # such programs timed per task at most, over all passes
+MODEL_TIMING_ROUNDS = 4  # rounds' worth of trials at least between two timings of the whole model (model_timer)
 MIN_POPULATION = 128  # the smallest population the search-share rule gives a round (TuneOptions.max_search_share)
 
 
@@ -137,8 +138,9 @@ class TuneOptions:
     retime_best: int = 3
     # With a model timer (TaskScheduler's `model_timer`: the model compiled with the records so far and timed whole,
     # compiler.artifact.in_model), the model is timed after the warm-up, each time this share of the trials has
-    # passed since, and at the end: each task's in-run time over its tuned time scales its share of the estimate and
-    # of the objective the next task is chosen by, and the run's overhead beyond its calls joins the estimate.
+    # passed since (MODEL_TIMING_ROUNDS rounds at least), and at the end: each task's in-run time over its tuned time
+    # scales its share of the estimate and of the objective the next task is chosen by, and the run's time beyond its
+    # calls joins the estimate.
     model_timing_every: float = 0.25
 
 
@@ -332,7 +334,11 @@ class TaskScheduler:
         its calls is kept. A timer that fails is reported in the check and changes nothing."""
         if self.model_timer is None or not all(math.isfinite(p.best) for p in self.progress):
             return
-        every = max(1, int(self.options.trials * self.options.model_timing_every))
+        last = self.model_checks[-1] if self.model_checks else None
+        if final and last is not None and last.trials == self.stats.trials and not self.stats.retimed:
+            return  # nothing measured since: the same programs
+        opts = self.options
+        every = max(int(opts.trials * opts.model_timing_every), MODEL_TIMING_ROUNDS * opts.measures_per_round)
         self._next_timing = self.stats.trials + every
         before, alone = self.estimated_latency, self.kernels_latency
         t = time.perf_counter()
