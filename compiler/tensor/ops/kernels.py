@@ -15,6 +15,7 @@ from compiler.tensor.ops.nn import (
     avg_pool2d,
     conv2d_bias_relu,
     conv2d_nchw,
+    conv2d_nchw_blocked,
     depthwise_conv2d_nchwc,
     max_pool2d,
     row_sum,
@@ -175,6 +176,14 @@ KERNELS: dict[str, KernelCase] = {
         _f64(lambda d, w: _ref_depthwise_nchwc(d, w, stride=2, padding=1)),
         rtol=1e-5,
         atol=1e-5,
+    ),
+    # K = 5*3*3 = 45 against a weight of two 16-filter blocks of which 24 filters are real: the NCHW result keeps those
+    "conv2d_blocked_padded": KernelCase(
+        (("data", (1, 5, 9, 9)), ("weight", (2, 5, 3, 3, 16))),
+        lambda d, w: conv2d_nchw_blocked(d, w, stride=2, padding=1, out_channels=24),
+        _f64(lambda d, w: reference_conv2d(d, w.transpose(0, 4, 1, 2, 3).reshape(32, 5, 3, 3), 2, 1)[:, :24]),
+        rtol=1e-5,
+        atol=1e-4,
     ),
     # K=72 as conv2d, plus one rounding for the bias: max err 1e-5
     "conv2d_bias_relu": KernelCase(
