@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 
 import numpy as np
 import pytest
@@ -82,6 +83,8 @@ def test_compile_inspect_run_an_onnx_model(tmp_path, capsys):
     assert main(["run", str(art), "-o", str(out), "--repeat", "3", "--profile"]) == 0
     text = capsys.readouterr().out
     assert "median latency" in text and "tf_fused_conv_relu" in text and "all kernels" in text
+    # each kernel names the model's nodes it computes (the conv and ReLU; the BatchNormalization was folded in)
+    assert re.search(r"tf_fused_conv_relu_\w+  \(\w+, \w+\)", text), text
     assert np.load(out)["probs"].shape == (3, 10)
 
 

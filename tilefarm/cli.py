@@ -228,7 +228,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("   in run    share    alone  kernel  (alone: called repeatedly, caches hot; in run: as a run calls it)")
         for r in sorted(rows, key=lambda r: -r["in_run"]):
             share = 100 * r["in_run"] / in_run
-            print(f"{r['in_run'] * 1e3:9.3f} ms {share:5.1f}% {r['seconds'] * 1e3:8.3f} ms  {r['kernel']}")
+            nodes = r.get("nodes", [])
+            names = f"  ({', '.join(nodes[:3])}{f' +{len(nodes) - 3}' if len(nodes) > 3 else ''})" if nodes else ""
+            print(f"{r['in_run'] * 1e3:9.3f} ms {share:5.1f}% {r['seconds'] * 1e3:8.3f} ms  {r['kernel']}{names}")
         print(f"{in_run * 1e3:9.3f} ms  100.0% {hot * 1e3:8.3f} ms  all kernels")
     return 0
 

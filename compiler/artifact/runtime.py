@@ -107,6 +107,7 @@ class Artifact:
             {
                 "kernel": call["kernel"],
                 "task": call["task"],
+                "nodes": call.get("nodes", []),  # the model's nodes the call computes (artifacts since 2026-11-29)
                 "seconds": float(np.median([_seconds(fn, ptrs) for _ in range(repeat)])),
                 "in_run": float(np.median(in_run[:, k])),
             }
