@@ -32,6 +32,9 @@ from compiler.model.graph import Graph
 
 REPEAT = 10  # runs of the plan each call is timed in (medians)
 RUN_SAMPLES, SAMPLE_S = 7, 0.05  # the run: the median of 7 samples, each the mean of back-to-back runs filling 50 ms
+# a pause before timing, as bench.kernels pauses between systems: the tuner has just trained its XGBoost model, whose
+# OpenMP threads may still spin on the cores the model's run wants
+SETTLE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ def time_in_model(
         if threads:
             os.environ["TILEFARM_NUM_THREADS"] = str(threads)
         try:
+            time.sleep(SETTLE_S)
             rows = art.profile(feeds, repeat)
             runs = [_sample(lambda: art.run(feeds)) for _ in range(RUN_SAMPLES)]
         finally:
