@@ -132,10 +132,10 @@ def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[S
     else:
         local = name
     b = _block_axis(s, local, v)
-    wide = axes[v].extent % (2 * vector) == 0 and axes[v].extent >= 4 * vector
     if b is None:  # one output row (a classifier's GEMV): every accumulator along it
         lanes = _row_chunk(axes[v].extent, vector, accumulators)
     else:
+        wide = axes[v].extent % (2 * vector) == 0 and axes[v].extent >= 4 * vector
         lanes = 2 * vector if wide else _lanes(axes[v].extent, max(vector, 8))
     vectors = -(-lanes // vector)
     block = _divisor(axes[b].extent, max(1, accumulators // vectors)) if b is not None else 1
