@@ -271,6 +271,20 @@ def test_a_job_tunes_each_convs_other_form_and_counts_the_one_compile_takes(farm
         assert list(s.scalars(q)) == [t.weight for t in plan.all_tasks]
 
 
+def queue_compile(farm, model_id: int) -> int:
+    """A queued artifact of the model for this host, its compile sent to the farm; returns its id."""
+    with session_scope(farm.settings) as s:
+        a = ArtifactRow(
+            team_id=farm.team_id, model_id=model_id, state="queued", target=target_name(host_target()),
+            host=farm.fingerprint,
+        )  # fmt: skip
+        s.add(a)
+        s.flush()
+        artifact_id = a.id
+    enqueue_compile(farm.settings, artifact_id, farm.queue)
+    return artifact_id
+
+
 def test_compile_artifact(farm):
     import onnxruntime as ort
 
@@ -283,15 +297,7 @@ def test_compile_artifact(farm):
         tuned = s.scalar(select(func.count()).select_from(Job).where(*mine))
     if not tuned:
         farm.wait_state(farm.new_job(trials=8, per_round=8), "succeeded", timeout=150)
-    with session_scope(farm.settings) as s:
-        a = ArtifactRow(
-            team_id=farm.team_id, model_id=farm.model_id, state="queued", target=target_name(host_target()),
-            host=farm.fingerprint,
-        )  # fmt: skip
-        s.add(a)
-        s.flush()
-        artifact_id = a.id
-    enqueue_compile(farm.settings, artifact_id, farm.queue)
+    artifact_id = queue_compile(farm, farm.model_id)
 
     def done():
         with session_scope(farm.settings, write=False) as s:
@@ -394,15 +400,7 @@ def test_an_artifact_whose_worker_dies_mid_build_is_built_again(farm):
     build again (saying why in the artifact's message while it builds), and the other measure worker builds it whole;
     the killed build's temporary file is gone."""
     model_id = farm.add_model("chain.onnx", chain_model(120).SerializeToString())
-    with session_scope(farm.settings) as s:
-        a = ArtifactRow(
-            team_id=farm.team_id, model_id=model_id, state="queued", target=target_name(host_target()),
-            host=farm.fingerprint,
-        )  # fmt: skip
-        s.add(a)
-        s.flush()
-        artifact_id = a.id
-    enqueue_compile(farm.settings, artifact_id, farm.queue)
+    artifact_id = queue_compile(farm, model_id)
 
     def row() -> ArtifactRow:
         with session_scope(farm.settings, write=False) as s:
