@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +37,11 @@ from bench.models import batch1_inputs, difference
 ORT_SUFFIXES = ("_kernel_time", "_nchwc", "_token_0")
 
 
-def ort_node_times(model: onnx.ModelProto, feeds: dict, threads: int, repeat: int) -> tuple[dict[str, float], float]:
-    """Median seconds per onnxruntime node (by its name in the profile) over `repeat` runs, and the median run."""
+def ort_node_times(
+    model: onnx.ModelProto, feeds: dict, threads: int, repeat: int
+) -> tuple[dict[str, float], float, dict[str, np.ndarray]]:
+    """Median seconds per onnxruntime node (by its name in the profile) over `repeat` runs, the median run, and the
+    outputs by name (the reference the compiled model is checked against)."""
     import onnxruntime as ort
 
     opts = ort_options(threads)
@@ -45,17 +49,20 @@ def ort_node_times(model: onnx.ModelProto, feeds: dict, threads: int, repeat: in
     with tempfile.TemporaryDirectory(prefix="tilefarm-ortprof-") as tmp:
         opts.profile_file_prefix = str(Path(tmp) / "ort")
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        # warm-up runs are in the profile too: dropped below by taking the last `repeat`
         for _ in range(3):
-            sess.run(None, feeds)  # warm-up runs are in the profile too: dropped below by taking the last `repeat`
+            outputs = sess.run(None, feeds)
         for _ in range(repeat):
-            sess.run(None, feeds)
+            outputs = sess.run(None, feeds)
         events = json.loads(Path(sess.end_profiling()).read_text())
+        reference = dict(zip([o.name for o in sess.get_outputs()], outputs))
     nodes: dict[str, list[float]] = {}
     runs = [e["dur"] * 1e-6 for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             nodes.setdefault(e["name"], []).append(e["dur"] * 1e-6)
-    return {_ort_base(k): statistics.median(v[-repeat:]) for k, v in nodes.items()}, statistics.median(runs[-repeat:])
+    per_node = {_ort_base(k): statistics.median(v[-repeat:]) for k, v in nodes.items()}
+    return per_node, statistics.median(runs[-repeat:]), reference
 
 
 def _ort_base(name: str) -> str:
@@ -108,6 +115,7 @@ def profile_model(name: str, records: str | None, threads: int, repeat: int) -> 
     from compiler.artifact.runtime import Artifact
     from compiler.costs.records import JSONLinesDatabase
     from compiler.model.onnx_import import load
+    from compiler.tensor.tasks import kernel_calls
     from tilefarm.examples import EXAMPLES
 
     model = EXAMPLES[name](seed=0) if name in EXAMPLES else onnx.load(name)
@@ -125,13 +133,9 @@ def profile_model(name: str, records: str | None, threads: int, repeat: int) -> 
         ours = art.run(feeds)
         rows = art.profile(feeds, repeat)
         whole = statistics.median(_timed(lambda: art.run(feeds)) for _ in range(repeat))
-    ort_nodes, ort_run = ort_node_times(model, feeds, threads, repeat)
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.SerializeToString(), ort_options(threads), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    _, rel = difference(ours, dict(zip(names, sess.run(None, feeds))))
-    flat = _flat_calls(info)
+    ort_nodes, ort_run, reference = ort_node_times(model, feeds, threads, repeat)
+    _, rel = difference(ours, reference)
+    flat = kernel_calls(info.calls)
     plan = [{"nodes": list(c.nodes), "writes": [v.name for v in c.args[len(c.task.dag.inputs) :]]} for c in flat]
     ort_per_call, unmatched = match_ort(model, plan, ort_nodes)
     tuned = {r["workload_key"]: r["mean_seconds"] for r in info.records_used.values()}
@@ -162,15 +166,7 @@ def profile_model(name: str, records: str | None, threads: int, repeat: int) -> 
     }
 
 
-def _flat_calls(info) -> list:
-    from compiler.tensor.tasks import kernel_calls
-
-    return kernel_calls(info.calls)
-
-
 def _timed(fn) -> float:
-    import time
-
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
