@@ -68,6 +68,13 @@ class Command:
             raise AssertionError(f"still running 60 s after {signal.Signals(sig).name}:\n{self.output()}") from None
         return time.monotonic() - t
 
+    def interrupted_line(self) -> tuple[str, str]:
+        """After a Ctrl-C: the command exited 130 and said so in one line; that line and its whole output."""
+        out = self.output()
+        assert self.proc.returncode == 130, out
+        [line] = said(out, "interrupted: ")
+        return line, out
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -146,9 +153,7 @@ def test_ctrl_c_stops_a_measure_worker_mid_batch_in_one_line(tmp_path):
         seconds = first.interrupt()
     finally:
         first.kill()
-    out = first.output()
-    assert first.proc.returncode == 130, out
-    [line] = said(out, "interrupted: ")
+    line, out = first.interrupted_line()
     assert line.startswith("interrupted: tilefarm worker first@test stopped in "), line
     assert seconds < STOP_WAIT_S + 3, (seconds, out)
     kept, batch = _records(settings), _batch(settings)
@@ -209,9 +214,7 @@ def test_ctrl_c_stops_serve_and_its_workers_in_one_line(tmp_path):
         seconds = serve.interrupt()
     finally:
         serve.kill()
-    out = serve.output()
-    assert serve.proc.returncode == 130, out
-    [line] = said(out, "interrupted: ")
+    line, out = serve.interrupted_line()
     assert line.startswith("interrupted: tilefarm serve stopped in ") and line.endswith(" s (the API and 2 workers)")
     assert out.count(" stopped ") == 1, out  # the workers said nothing of their stop
     assert seconds < STOP_WAIT_S + 6, (seconds, out)
