@@ -2,6 +2,12 @@
 
 Buffers are flat: every Load/Store carries one element offset. Loops have a kind (serial, parallel,
 vectorized, unrolled) that codegen honours; `Allocate` scopes an intermediate buffer to its body.
+
+GPU programs use the same IR: a loop of kind "blockIdx.x" (…y, z) or "threadIdx.x" (…y, z) is bound to that index
+(its variable *is* the index, its extent the grid or block dimension), a "vthread" loop is a virtual thread (run
+serially inside one thread, interleaving its body's accesses); an `Allocate` has a storage scope ("global": the
+kernel's workspace, "shared": one per thread block, "local": one per thread, in registers), and `Barrier` is
+`__syncthreads()`: every thread of the block reaches it before any goes on.
 """
 
 from __future__ import annotations
@@ -10,7 +16,12 @@ from dataclasses import dataclass
 
 from compiler.tensor.te import Const, Expr, Var
 
-LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+CPU_LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+BLOCK_KINDS = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+THREAD_KINDS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+GPU_LOOP_KINDS = BLOCK_KINDS + THREAD_KINDS + ("vthread",)
+LOOP_KINDS = CPU_LOOP_KINDS + GPU_LOOP_KINDS
+SCOPES = ("global", "shared", "local")
 
 
 class Stmt:
@@ -53,6 +64,13 @@ class Store(Stmt):
 class Allocate(Stmt):
     buffer: Buffer
     body: Stmt
+    scope: str = "global"  # one of SCOPES
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Stmt):
+    """All threads of a GPU thread block wait here until every one has arrived (shared memory written before is
+    visible to every thread after)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +134,10 @@ def print_stmt(s: Stmt, depth: int = 0) -> str:
         return f"{pad}{s.buffer}[{s.index}] = {s.value}\n"
     if isinstance(s, Allocate):
         b = s.buffer
-        return f"{pad}{b.name} = alloc({b.dtype}{list(b.shape)})\n" + print_stmt(s.body, depth)
+        scope = "" if s.scope == "global" else f", {s.scope}"
+        return f"{pad}{b.name} = alloc({b.dtype}{list(b.shape)}{scope})\n" + print_stmt(s.body, depth)
+    if isinstance(s, Barrier):
+        return f"{pad}barrier()\n"
     if isinstance(s, Seq):
         return "".join(print_stmt(c, depth) for c in s.stmts)
     if isinstance(s, IfThenElse):
@@ -127,4 +148,22 @@ def print_stmt(s: Stmt, depth: int = 0) -> str:
     raise TypeError(f"not a statement: {s!r}")
 
 
-__all__ = ["Buffer", "For", "Store", "Allocate", "Seq", "IfThenElse", "Func", "Const", "Var", "seq", "LOOP_KINDS"]
+__all__ = [
+    "Buffer",
+    "For",
+    "Store",
+    "Allocate",
+    "Barrier",
+    "Seq",
+    "IfThenElse",
+    "Func",
+    "Const",
+    "Var",
+    "seq",
+    "LOOP_KINDS",
+    "CPU_LOOP_KINDS",
+    "GPU_LOOP_KINDS",
+    "BLOCK_KINDS",
+    "THREAD_KINDS",
+    "SCOPES",
+]

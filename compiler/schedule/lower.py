@@ -304,7 +304,7 @@ def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
         return Seq(tuple(p[0] for p in parts)), sum(p[1] for p in parts)
     if isinstance(s, Allocate):
         body, steps = _auto_unroll(s.body, own, max_step)
-        return Allocate(s.buffer, body), steps
+        return Allocate(s.buffer, body, s.scope), steps
     if isinstance(s, IfThenElse):
         then, steps = _auto_unroll(s.then, own, max_step)
         return IfThenElse(s.cond, then, s.orelse), steps

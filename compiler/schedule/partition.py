@@ -40,7 +40,7 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
     if isinstance(s, Seq):
         return seq(*(partition_loops(c, ranges) for c in s.stmts))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, partition_loops(s.body, ranges))
+        return Allocate(s.buffer, partition_loops(s.body, ranges), s.scope)
     if isinstance(s, IfThenElse):
         orelse = s.orelse and partition_loops(s.orelse, ranges)
         return IfThenElse(s.cond, partition_loops(s.then, ranges), orelse)
@@ -223,7 +223,7 @@ def _map_exprs(s: Stmt, fn, values: bool = True) -> Stmt:
     if isinstance(s, Seq):
         return Seq(tuple(_map_exprs(c, fn, values) for c in s.stmts))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_exprs(s.body, fn, values))
+        return Allocate(s.buffer, _map_exprs(s.body, fn, values), s.scope)
     if isinstance(s, IfThenElse):
         orelse = s.orelse and _map_exprs(s.orelse, fn, values)
         return IfThenElse(fn(s.cond), _map_exprs(s.then, fn, values), orelse)

@@ -298,7 +298,7 @@ def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
     if isinstance(s, Seq):
         return seq(*(simplify_stmt(c, ranges) for c in s.stmts))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, simplify_stmt(s.body, ranges))
+        return Allocate(s.buffer, simplify_stmt(s.body, ranges), s.scope)
     if isinstance(s, IfThenElse):
         cond = simplify(s.cond, ranges)
         if isinstance(cond, Const):
