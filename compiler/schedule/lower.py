@@ -2,6 +2,13 @@
 
 Regions are inferred consumers-first (reverse stage order): a stage computed at a consumer's loop computes exactly
 the box of elements its readers touch inside that loop, stored in a buffer the size of that box.
+
+A State with a loop bound to a GPU index (blockIdx.*, threadIdx.*, vthread) lowers to a GPU program: bound loops
+keep their kind, a stage computed inside another's loops lives in shared memory (a "shared" cache stage: one box for
+the whole thread block, so its region is inferred with the enclosing threadIdx loops left free) or in local memory
+(any other: one box per thread), and every shared stage's computation is fenced by barriers, before it (the
+block's threads have finished reading the previous contents) and after it (every thread's writes are visible
+before anyone reads). Each top-level loop nest is one kernel launch.
 """
 
 from __future__ import annotations
@@ -9,7 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compiler.base.errors import LoweringError
-from compiler.schedule.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, Store, seq
+from compiler.schedule.loopir import (
+    BLOCK_KINDS,
+    GPU_LOOP_KINDS,
+    THREAD_KINDS,
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    Func,
+    IfThenElse,
+    Seq,
+    Stmt,
+    Store,
+    seq,
+)
 from compiler.schedule.matrix_transform import is_matrix_transform
 from compiler.schedule.partition import partition_loops
 from compiler.schedule.simplify import Ranges, simplify, simplify_stmt, symbolic_range
@@ -17,7 +38,13 @@ from compiler.schedule.state import Stage, State, derive, identity
 from compiler.tensor import te
 from compiler.tensor.te import Const, Expr, Load, Reduce, Var
 
-LOOP_KIND = {"none": "serial", "parallel": "parallel", "vectorize": "vectorized", "unroll": "unrolled"}
+LOOP_KIND = {
+    "none": "serial",
+    "parallel": "parallel",
+    "vectorize": "vectorized",
+    "unroll": "unrolled",
+    **{kind: kind for kind in GPU_LOOP_KINDS},
+}
 COMBINE = {"sum": "add", "max": "max", "min": "min"}
 
 
@@ -49,6 +76,8 @@ class _Lowering:
             if s.op.body is not None and s.compute_at != "inline"
         }
         self.loads = {name: te.loads(v) for name, v in self.values.items()}
+        self.gpu = is_gpu_program(state)
+        self.thread_vars: set[str] = set()  # loop variables bound to a threadIdx
 
     def readers(self, name: str) -> list[Stage]:
         return [
@@ -89,6 +118,8 @@ class _Lowering:
             loops.append((v, leaf.extent, leaf.annotation))
             names.append(leaf.name)
             self.ranges[v.name] = (0, leaf.extent - 1)
+            if leaf.annotation in THREAD_KINDS:
+                self.thread_vars.add(v.name)
         mapping = {leaf: v for leaf, (v, _, _) in zip(names, loops)}
         axis_exprs = {k: te.substitute(v, mapping) for k, v in d.values.items()}
         for a, (start, _) in zip(s.op.axes, region):
@@ -104,6 +135,8 @@ class _Lowering:
 
     def _region(self, s: Stage, enclosing: list[tuple[Var, int]], target: str, pos: int) -> list[tuple[Expr, int]]:
         fixed = {v.name for v, _ in enclosing}
+        if self.scope(s) == "shared":  # one box for all the block's threads
+            fixed -= self.thread_vars
         boxes: list[list[tuple[Expr, int] | None]] = []
         for r in self.readers(s.name):
             self._check_inside(s, r, target, pos)
@@ -141,6 +174,13 @@ class _Lowering:
         )
 
     # ------------------------------------------------------------------------------------------ emission
+
+    def scope(self, s: Stage) -> str:
+        """Where the stage's buffer lives: global on CPUs and at the root of a GPU program; inside a GPU kernel in
+        shared memory for a shared cache stage, else in each thread's local memory."""
+        if not self.gpu or s.compute_at != "iter":
+            return "global"
+        return "shared" if s.scope == "shared" else "local"
 
     def buffer(self, name: str) -> Buffer:
         s = self.stages[name]
@@ -195,7 +235,11 @@ class _Lowering:
         for i in reversed(range(len(info.loops))):
             v, e, ann = info.loops[i]
             for child in reversed(self.state.attached_at(s.name, info.leaf_names[i])):
-                stmt = Allocate(self.buffer(child.name), seq(self.emit(child), stmt))
+                scope = self.scope(child)
+                fill = self.emit(child)
+                if scope == "shared":
+                    fill = seq(Barrier(), fill, Barrier())
+                stmt = Allocate(self.buffer(child.name), seq(fill, stmt), scope)
             stmt = _loop(v, e, ann, stmt, transform)
             own_loops.add(v.name)
             if i == first_reduce:
@@ -215,6 +259,8 @@ class _Lowering:
 
     def run(self, name: str, simplify: bool = True) -> Func:
         dag = self.state.dag
+        if self.gpu:
+            check_gpu_bindings(self.state)
         self.infer_all()
         roots = [s for s in self.state.stages if s.op.body is not None and s.compute_at == "root"]
         body: Stmt = seq(*(self.emit(s) for s in roots))
@@ -222,13 +268,44 @@ class _Lowering:
             if not dag.is_output(s.name):
                 body = Allocate(self.buffer(s.name), body)
         params = tuple(Buffer(n, dag.op(n).dtype, dag.op(n).shape) for n in dag.inputs + dag.outputs)
-        return Func(name, params, partition_loops(simplify_stmt(body, self.ranges), self.ranges) if simplify else body)
+        if simplify:
+            body = simplify_stmt(body, self.ranges)
+            # loop partitioning would cut bound loops apart, and put barriers under guards some threads fail
+            if not self.gpu:
+                body = partition_loops(body, self.ranges)
+        return Func(name, params, body)
 
 
 def lower(state: State, name: str = "kernel", simplify: bool = True) -> Func:
     """Loop IR for a scheduled State; params are the DAG's inputs then outputs. `simplify=False` skips the final
     simplification of indices and guards (what code generation wants, but not what program features need)."""
     return _Lowering(state).run(name, simplify)
+
+
+def is_gpu_program(state: State) -> bool:
+    """Whether any loop of the State is bound to a GPU index (it then lowers to a GPU program)."""
+    return any(it.annotation in GPU_LOOP_KINDS for s in state.stages for it in s.iters)
+
+
+def check_gpu_bindings(state: State) -> None:
+    """Raise LoweringError where a GPU State's bindings have no meaning: a blockIdx bound inside another stage's
+    loops (the grid belongs to a kernel's outermost loops), or a thread-bound stage in per-thread local memory."""
+    for s in state.stages:
+        bound = [it for it in s.iters if it.annotation in GPU_LOOP_KINDS]
+        if not bound or s.compute_at == "root":
+            continue
+        blocks = [it.name for it in bound if it.annotation in BLOCK_KINDS]
+        if blocks:
+            raise LoweringError(
+                f"{s.name} is computed inside {s.attach[0]}'s loops but binds {', '.join(blocks)} to blockIdx; "
+                "only a stage at the root binds the grid"
+            )
+        threads = [it.name for it in bound if it.annotation in THREAD_KINDS]
+        if threads and s.scope != "shared":
+            raise LoweringError(
+                f"{s.name} lives in each thread's local memory but binds {', '.join(threads)} to threadIdx; only a "
+                "shared stage is computed cooperatively by the block's threads"
+            )
 
 
 def infer_bound(state: State) -> State:
