@@ -1,6 +1,7 @@
 """Fusion (TVM's FuseOps op patterns): an anchor (conv, matmul, pooling) absorbs the chain of elementwise and
 broadcast ops after it, a diamond of them too (a GELU reads its GEMM's output twice); chains of injective ops fuse
-with each other and into a reduction that reads them."""
+with each other and into a reduction that reads them. One pair of anchors fuses where a pass marked it: a depthwise
+conv into the 1x1 conv that reads it (passes.fuse_depthwise_pointwise)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def fuse(g: Graph) -> list[Group]:
             if (len(readers) != 1 and not shared) or id(v) in graph_outputs or len(p.outputs) != 1:
                 continue
             pk, mk = kind(pg), pattern(node)
+            if node.attrs.get("fuse_depthwise") and v is node.inputs[0] and len(readers) == 1 and pk == ANCHOR:
+                merge(pg, me)  # passes.fuse_depthwise_pointwise: the depthwise conv computed in the 1x1 conv's tiles
+                me = pg
+                continue
             absorb = pk in (ANCHOR, REDUCE) and mk <= BROADCAST  # conv/matmul/reduce takes its elementwise consumer
             forward = pk <= INJECTIVE and mk <= REDUCE  # injective chains fuse into what reads them
             if not (absorb or forward) or (pk >= REDUCE and kind(me) >= REDUCE):

@@ -13,6 +13,7 @@ from compiler.model.layout import propagate_nchwc
 from compiler.model.passes import (
     block_conv_weights,
     conv_forms,
+    fuse_depthwise_pointwise,
     fold_batchnorm,
     gemm_to_matmul,
     pack_matmul_weights,
@@ -30,12 +31,19 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("winograd_convs", winograd_convs),
     ("block_conv_weights", block_conv_weights),
     ("propagate_nchwc", propagate_nchwc),
+    ("fuse_depthwise_pointwise", fuse_depthwise_pointwise),
 ]
 
 
 # the passes a user may turn off (`--disable-pass`): the graph runs without them, only slower (or, without
 # winograd_convs, with the direct conv's rounding); the others turn ops into the forms the kernels exist for
-OPTIONAL_PASSES = ("pack_matmul_weights", "winograd_convs", "block_conv_weights", "propagate_nchwc")
+OPTIONAL_PASSES = (
+    "pack_matmul_weights",
+    "winograd_convs",
+    "block_conv_weights",
+    "propagate_nchwc",
+    "fuse_depthwise_pointwise",
+)
 
 
 def check_disabled(disabled: Collection[str]) -> tuple[str, ...]:

@@ -326,3 +326,50 @@ def block_conv_weights(g: Graph) -> Graph:
         blocked = Value(f"{w.name}_blocked", TensorType(packed.shape, w.dtype), packed)
         nodes.append(replace(n, op="BlockedConv", inputs=(n.inputs[0], blocked, *n.inputs[2:]), attrs=attrs))
     return Graph(g.inputs, g.outputs, nodes, g.name)
+
+
+def fuse_depthwise_pointwise(g: Graph) -> Graph:
+    """A 1x1, stride-1, unpadded BlockedConv reading NCHWc data that a depthwise BlockedConv (and its elementwise
+    epilogue, a ReLU6) makes for it alone is marked `fuse_depthwise`, so fusion makes the two one task: MobileNet's
+    depthwise-then-project pair, whose kernel computes the depthwise rows each tile of the projection needs just
+    before it, where they are still in cache, instead of writing the expanded tensor out and reading it back."""
+    readers = g.consumers()
+    makers = g.producers()
+    outputs = {id(v) for v in g.outputs}
+    nodes = []
+    for n in g.nodes:
+        if _pointwise_nchwc(n) and _depthwise_feeds(n.inputs[0], makers, readers, outputs):
+            n = replace(n, attrs={**n.attrs, "fuse_depthwise": True})
+        nodes.append(n)
+    return Graph(g.inputs, g.outputs, nodes, g.name)
+
+
+def _pointwise_nchwc(n: Node) -> bool:
+    """A BlockedConv with a 1x1 window, stride 1 and no padding, reading and writing NCHWc data."""
+    if n.op != "BlockedConv" or n.attrs.get("group", 1) != 1:
+        return False
+    if n.attrs.get("data_layout") != "NCHWc" or n.attrs.get("out_layout") != "NCHWc":
+        return False
+    w = n.inputs[1]
+    return (
+        w is not None
+        and tuple(w.shape[2:4]) == (1, 1)
+        and tuple(n.attrs.get("strides") or (1, 1)) == (1, 1)
+        and not any(n.attrs.get("pads") or ())
+        and tuple(n.attrs.get("dilations") or (1, 1)) == (1, 1)
+    )
+
+
+def _depthwise_feeds(v: Value | None, makers: Mapping, readers: Mapping, outputs: set[int]) -> bool:
+    """Whether `v` comes from a depthwise BlockedConv writing NCHWc, through elementwise ops only, every value on the
+    way read by one node and no graph output."""
+    while v is not None and id(v) not in outputs and len(readers.get(id(v), [])) == 1:
+        p = makers.get(id(v))
+        if p is None or len(p.outputs) != 1:
+            return False
+        if p.op == "BlockedConv":
+            return p.attrs.get("group", 1) > 1 and p.attrs.get("out_layout") == "NCHWc"
+        if PATTERNS.get(p.op) != ELEMWISE or len([i for i in p.inputs if i is not None and i.const is None]) != 1:
+            return False
+        v = next(i for i in p.inputs if i is not None and i.const is None)
+    return False

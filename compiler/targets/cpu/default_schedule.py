@@ -35,11 +35,12 @@ def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
     for name in transforms:
         s = _transform_loops(s, name)
     tiled |= set(transforms)
+    attach: dict[str, tuple[str, str]] = {}  # a depthwise conv's tile stage -> the 1x1 conv's loop it goes in
     for stage in reversed(s.stages):
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
             continue
         if stage.op.reduce_axes and dag.needs_multi_level_tiling(stage.name):
-            s, done = _tile_anchor(s, stage.name, lanes, accumulators)
+            s, done = _tile_anchor(s, stage.name, lanes, accumulators, attach)
             tiled |= done
     for stage in s.stages:
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
@@ -106,10 +107,17 @@ def _lanes(extent: int, limit: int = 16) -> int:
     return extent if lanes < 4 and extent <= limit else lanes
 
 
-def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[State, set[str]]:
+def _tile_anchor(
+    s: State, name: str, vector: int, accumulators: int, attach: dict[str, tuple[str, str]]
+) -> tuple[State, set[str]]:
     """Register-block a reduction with reuse: cache_write (or its elementwise consumer) holds the output tile. The
     tile is `accumulators` vectors of `vector` lanes; a stage whose consumer reads it elsewhere than at its own
-    index (the NCHW copy of a blocked conv) keeps its own local tile."""
+    index (the NCHW copy of a blocked conv) keeps its own local tile.
+
+    A 1x1 conv fused with the depthwise conv it reads (passes.fuse_depthwise_pointwise) runs its output channels
+    inside its pixel tiles, and notes in `attach` the loop where the depthwise conv's tile stage (tiled later, as
+    stages go consumers first) computes the pixels of one tile, every channel of them: they are read by every output
+    channel of the tile from cache. That stage, found in `attach`, is computed there rather than at root."""
     dag = s.dag
     op = s.stage(name).op
     axes = list(op.axes)
@@ -146,6 +154,9 @@ def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[S
     if ob is not None:
         s = s.split(out, ob, [block])
     outer = [f"{n}.0" if n in (ov, ob) else n for n in onames if n != ov] + [f"{ov}.0"]
+    depthwise = _depthwise_input(s, name)
+    if depthwise is not None:  # N x F/b x H x W x b: the channel blocks inside the pixel tile
+        outer = [outer[0], *outer[2:-1], outer[1], outer[-1]]
     s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
     s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")
     # the accumulator tile: reductions outside, unrolled rows, vectorized columns
@@ -161,8 +172,42 @@ def _tile_anchor(s: State, name: str, vector: int, accumulators: int) -> tuple[S
     if bn is not None:
         s = s.annotate(local, f"{bn}.1", "unroll")
     s = s.annotate(local, f"{vn}.1", "vectorize")
-    s = _parallel(s, out, outer[:-1], work=_work(s, local))
+    if out in attach:
+        return s.compute_at(out, *attach[out]), {local, out}
+    # parallel over the outer loops; with a depthwise input, its pixel loops only (each thread its own pixels)
+    s = _parallel(s, out, outer[:-1] if depthwise is None else outer[:-2], work=_work(s, local))
+    if depthwise is not None:
+        attach[depthwise] = (out, _loop_holding(s.stage(out), outer[-3]))
     return s, {local, out}
+
+
+def _depthwise_input(s: State, name: str) -> str | None:
+    """The stage a 1x1 conv reads whose value a depthwise conv makes, through elementwise stages (the depthwise
+    tile's output stage), if `name` is such a conv of a task fusion made of the two."""
+    op = s.stage(name).op
+    if op.tag != "conv2d_nchw_blocked" or len(op.axes) != 5:
+        return None
+    for ld in _loads(s, op.body):
+        producer = s.stage(ld.buffer)
+        if producer.op.is_placeholder:
+            continue
+        seen = producer
+        while not seen.op.reduce_axes:
+            reads = [x for x in _loads(s, seen.op.body) if not s.stage(x.buffer).op.is_placeholder]
+            if len(reads) != 1:
+                break
+            seen = s.stage(reads[0].buffer)
+        if seen.op.tag == "depthwise_conv2d_nchwc":
+            return producer.name
+    return None
+
+
+def _loop_holding(stage, name: str) -> str:
+    """The loop of `stage` that is `name` or a fused loop containing it."""
+    for it in stage.iters:
+        if name in it.name.split("@"):
+            return it.name
+    raise KeyError(name)
 
 
 def _row_chunk(extent: int, vector: int, accumulators: int) -> int:

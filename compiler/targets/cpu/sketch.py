@@ -5,7 +5,7 @@ order; a rule that matches either *applies* (its successor joins the worklist an
 *applies and skips the rest*. A partial sketch whose stage index runs out is a sketch. The splits that tile a stage
 get placeholder lengths here; `annotate` fills them.
 
-Rules (CPU): always-inline → [matrix transform, Ansor's const-tensor rule] → add-rfactor → [pack, ours] →
+Rules (CPU): [producer at consumer tile, ours] → always-inline → [matrix transform, Ansor's const-tensor rule] → add-rfactor → [pack, ours] →
 add-cache-write → multi-level tiling with consumer fusion → multi-level tiling ("SSRSRS") → skip.
 """
 
@@ -267,6 +267,73 @@ class AlwaysInline(Rule):
         return [_advance(q, self.name)]
 
 
+class ProducerAtConsumerTile(Rule):
+    """tilefarm's addition to Ansor's CPU rules, for a task that fusion made of two tiled reductions (a depthwise
+    conv and the 1x1 conv that reads it, passes.fuse_depthwise_pointwise): the elementwise stage between them (the
+    depthwise conv's bias and ReLU6) is kept rather than inlined, and computed inside the consumer's outermost tile
+    level, whose loops are ordered with the axes the consumer reads it by (the pixels) first and the others (the
+    output channels) after them, so each tile's pixels are computed once, every channel of them, just before every
+    output channel reads them from cache. The producer reduction then tiles into this stage (tile+fuse). The
+    rules after this one are skipped: the trials go to the fused structure the pass asked for (turning the pass off
+    gives the two convs as tasks of their own)."""
+
+    name = "at-consumer-tile"
+
+    def condition(self, p, cores):
+        s, name = p.state, _name(p)
+        if s.dag.is_output(name) or not strictly_inlinable(_op(p)) or name.endswith((".local", ".pack")):
+            return PASS
+        consumers = s.dag.consumers.get(name, [])
+        if len(consumers) != 1 or consumers[0] not in p.tiled or not s.stage(consumers[0]).op.reduce_axes:
+            return PASS
+        fits = _tiled_producer(s, name) and _tile_holder(s, consumers[0]) is not None
+        return APPLY_AND_SKIP if fits else PASS
+
+    def apply(self, p, cores):
+        s, name = p.state, _name(p)
+        consumer = s.dag.consumers[name][0]
+        holder, pixels, channels = _tile_holder(s, consumer)  # type: ignore[misc]
+        rest = [it.name for it in s.stage(holder).iters][len(pixels) + len(channels) :]
+        s = s.reorder(holder, pixels + channels + rest).compute_at(name, holder, pixels[-1])
+        q = replace(p, state=s, fixed=p.fixed | {name})
+        return [_advance(q, self.name)]
+
+
+def _tiled_producer(state: State, name: str) -> bool:
+    """Whether `name` reads, through inlinable elementwise stages, a reduction that needs multi-level tiling."""
+    seen = state.stage(name).op
+    while not seen.reduce_axes:
+        reads = [r for r in seen.reads if not state.stage(r).op.is_placeholder]
+        if len(reads) != 1:
+            return False
+        seen = state.stage(reads[0]).op
+    return needs_multi_level_tiling(seen)
+
+
+def _tile_holder(state: State, consumer: str) -> tuple[str, list[str], list[str]] | None:
+    """Where a tiled reduction's outermost tile level lives (the stage it is computed in, or itself at root), and
+    that level's loops split in two: those over axes the reduction reads its non-constant input by (pixels, at least
+    one), then the others (channels). None where the holder's loops do not line up with the reduction's axes."""
+    c = state.stage(consumer)
+    holder = c.attach[0] if c.compute_at == "iter" and c.attach else consumer
+    h = state.stage(holder)
+    if holder != consumer and (h.op.shape != c.op.shape or consumer_view(state, consumer, holder) is None):
+        return None
+    axis_of = {a.name: i for i, a in enumerate(h.op.axes)}
+    reads = [ld for ld in te.loads(c.op.body) if not state.stage(ld.buffer).op.is_placeholder]
+    if len(reads) != 1:
+        return None
+    used = set().union(*(te.free_vars(i) for i in reads[0].indices))
+    pixel_axes = {i for i, a in enumerate(c.op.axes) if a.name in used}
+    pixels, channels = [], []
+    for it in h.iters:
+        base, _, part = it.name.partition(".")
+        if it.kind != "spatial" or base not in axis_of or part not in ("", "0"):
+            break
+        (pixels if axis_of[base] in pixel_axes else channels).append(it.name)
+    return (holder, pixels, channels) if pixels else None
+
+
 class AddRfactor(Rule):
     """Fuse the reduction loops, split them (the factor is filled later), and factor out either part: the outer
     part gives parallel partial reductions, the inner one (moved innermost) vectorized ones."""
@@ -449,6 +516,7 @@ class SkipStage(Rule):
 
 
 RULES: tuple[Rule, ...] = (
+    ProducerAtConsumerTile(),
     AlwaysInline(),
     MatrixTransformRule(),
     ReduceOutsideLanes(),
