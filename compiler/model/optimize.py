@@ -13,8 +13,8 @@ from compiler.model.layout import propagate_nchwc
 from compiler.model.passes import (
     block_conv_weights,
     conv_forms,
-    fuse_depthwise_pointwise,
     fold_batchnorm,
+    fuse_depthwise_pointwise,
     gemm_to_matmul,
     pack_matmul_weights,
     remove_identity,

@@ -5,8 +5,8 @@ order; a rule that matches either *applies* (its successor joins the worklist an
 *applies and skips the rest*. A partial sketch whose stage index runs out is a sketch. The splits that tile a stage
 get placeholder lengths here; `annotate` fills them.
 
-Rules (CPU): [producer at consumer tile, ours] → always-inline → [matrix transform, Ansor's const-tensor rule] → add-rfactor → [pack, ours] →
-add-cache-write → multi-level tiling with consumer fusion → multi-level tiling ("SSRSRS") → skip.
+Rules (CPU): [producer at consumer tile, ours] → always-inline → [matrix transform, Ansor's const-tensor rule] →
+add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer fusion → multi-level tiling ("SSRSRS") → skip.
 """
 
 from __future__ import annotations
