@@ -12,6 +12,7 @@ from compiler.model.passes import ANCHOR, BROADCAST, INJECTIVE, REDUCE, pattern
 
 MAX_GROUP = 32  # nodes per fused group, so one task never grows without bound
 
+
 @dataclass
 class Group:
     """Nodes that become one kernel: `inputs` come from outside (graph inputs, constants, other groups)."""

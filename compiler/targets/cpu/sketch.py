@@ -6,7 +6,8 @@ order; a rule that matches either *applies* (its successor joins the worklist an
 get placeholder lengths here; `annotate` fills them.
 
 Rules (CPU): [producer at consumer tile, ours] → always-inline → [matrix transform, Ansor's const-tensor rule] →
-add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer fusion → multi-level tiling ("SSRSRS") → skip.
+add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer fusion → multi-level tiling
+("SSRSRS") → skip.
 """
 
 from __future__ import annotations
@@ -79,7 +80,13 @@ def _generate(dag: ComputeDAG, cores: int, pack: bool) -> tuple[Sketch, ...]:
         if p.index < 0:
             done.append(
                 Sketch(
-                    p.state, p.tile_steps, p.tile_extents, p.tiled, p.fixed, p.rules, p.tile_contiguous,
+                    p.state,
+                    p.tile_steps,
+                    p.tile_extents,
+                    p.tiled,
+                    p.fixed,
+                    p.rules,
+                    p.tile_contiguous,
                     p.register_blocks,
                 )
             )
