@@ -1,0 +1,183 @@
+"""GPU schedule rules: take a State and give it with loops bound to the grid, virtual threads and threads.
+
+The rules are Ansor's for GPUs, with the tile sizes as arguments so that a search (or a property test) can draw
+them: always-inline of elementwise intermediates, multi-level tiling "SSSRRSRS" (the outer three spatial levels
+bound to blockIdx.x, vthread and threadIdx.x, then reduction, spatial and reduction levels in each thread's local
+accumulators) with the anchor's inputs cached in shared memory at the outer reduction loop and fetched by all the
+block's threads together, and a flat binding (spatial loops fused, split by the block size, bound to blockIdx.x
+and threadIdx.x) for everything else. `launch_resources` reads what a lowered program asks of the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.base import dtypes
+from compiler.schedule.gpu_interp import split_launches
+from compiler.schedule.loopir import THREAD_KINDS, Allocate, For, Func, walk_stmts
+from compiler.schedule.state import State
+from compiler.tensor.dag import Op
+
+
+@dataclass(frozen=True)
+class GpuParams:
+    """What a GPU allows a kernel and what the rules aim for; the defaults are an H100/H200's (sm_90)."""
+
+    max_threads_per_block: int = 1024
+    max_shared_bytes: int = 48 * 1024  # per block without opting in to the larger carve-out
+    warp_size: int = 32
+    max_vthread: int = 8  # Ansor's warp_size / 4: enough to spread a thread's tile over the shared-memory banks
+    threads_per_block: int = 256  # the flat binding's block size
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tile sizes of "SSSRRSRS": per spatial axis (vthread, thread, middle, inner) extents (the block level takes
+    the rest), per reduction axis (middle, inner) extents (the outer level takes the rest); `shared` caches the
+    anchor's inputs in shared memory."""
+
+    spatial: tuple[tuple[int, int, int, int], ...]
+    reduce: tuple[tuple[int, int], ...]
+    shared: bool = True
+
+
+def inline_elementwise(s: State) -> State:
+    """Every elementwise intermediate (no reduction, not an output) inlined into its consumers."""
+    for stage in reversed(s.stages):
+        op = stage.op
+        if op.is_placeholder or op.reduce_axes or s.dag.is_output(op.name) or stage.compute_at != "root":
+            continue
+        s = s.compute_inline(op.name)
+    return s
+
+
+def bind_flat(s: State, name: str, threads: int) -> State:
+    """The stage's spatial loops fused, split by `threads`, bound to blockIdx.x (outer) and threadIdx.x (inner);
+    its reduction loops stay serial inside each thread."""
+    stage = s.stage(name)
+    spatial = [i for i, it in enumerate(stage.iters) if it.kind == "spatial"]
+    if not spatial:
+        return s  # a reduction to one value: one thread of one block
+    if spatial != list(range(len(spatial))):
+        raise ValueError(f"{name}'s spatial loops must come first to bind them, got {[it.name for it in stage.iters]}")
+    if len(spatial) > 1:
+        s = s.fuse(name, spatial)
+    return s.split(name, 0, [threads]).annotate(name, 0, "blockIdx.x").annotate(name, 1, "threadIdx.x")
+
+
+def multi_level_tile(s: State, name: str, tiling: Tiling) -> State:
+    """Ansor's GPU tiling of a reduction with data reuse (GEMM, conv): `name` computed into a `<name>.local` stage
+    tiled "RRSRS" inside the thread loop of `name`'s "SSS" levels (blockIdx.x, vthread, threadIdx.x), and with
+    `tiling.shared` each input of the reduction cached in shared memory at the outer reduction loop, its copy
+    loops fused, split by the block's threads and bound to threadIdx.x."""
+    op = s.stage(name).op
+    if len(tiling.spatial) != len(op.axes) or len(tiling.reduce) != len(op.reduce_axes):
+        raise ValueError(
+            f"{name} has {len(op.axes)} spatial and {len(op.reduce_axes)} reduction axes; the tiling gives "
+            f"{len(tiling.spatial)} and {len(tiling.reduce)}"
+        )
+    s = s.cache_write(name, "local")
+    local = f"{name}.local"
+    inputs = list(dict.fromkeys(s.stage(local).op.reads)) if tiling.shared and op.reduce_axes else []
+    for src in inputs:
+        s = s.cache_read(src, "shared", [local])
+    axes = [a.name for a in op.axes]
+    for a, (vt, t, mid, inner) in zip(axes, tiling.spatial):
+        s = s.split(name, a, [vt, t, mid * inner])
+    levels = [[f"{a}.{k}" for a in axes] for k in range(4)]
+    s = _reorder(s, name, [n for level in levels for n in level])
+    n = len(axes)
+    for level, binding in enumerate(("blockIdx.x", "vthread", "threadIdx.x")):
+        if n > 1:
+            s = s.fuse(name, list(range(level, level + n)))
+        s = s.annotate(name, level, binding)
+    s = s.compute_at(local, name, 2)
+    threads = s.stage(name).iters[2].extent  # what splitting left of the thread tiles (an axis may be shorter)
+
+    reduce = [r.name for r in op.reduce_axes]
+    for a, (_, _, _, inner) in zip(axes, tiling.spatial):
+        s = s.split(local, a, [inner])
+    for r, (mid, inner) in zip(reduce, tiling.reduce):
+        s = s.split(local, r, [mid, inner])
+    order = (
+        [f"{r}.0" for r in reduce]
+        + [f"{r}.1" for r in reduce]
+        + [f"{a}.0" for a in axes]
+        + [f"{r}.2" for r in reduce]
+        + [f"{a}.1" for a in axes]
+    )
+    s = _reorder(s, local, order)
+    for src in inputs:
+        cache = f"{src}.shared"
+        s = s.compute_at(cache, local, len(reduce) - 1)
+        dims = len(s.stage(cache).iters)
+        if dims > 1:
+            s = s.fuse(cache, list(range(dims)))
+        s = s.split(cache, 0, [threads]).annotate(cache, 1, "threadIdx.x")
+    return s
+
+
+def _reorder(s: State, name: str, order: list[str]) -> State:
+    stage = s.stage(name)
+    return s.reorder(name, [stage.iter_index(n) for n in order])
+
+
+def anchors(s: State) -> list[str]:
+    """Stages at the root that multi-level tiling is for: reductions with data reuse (GEMM, conv)."""
+    return [
+        st.name
+        for st in s.stages
+        if st.compute_at == "root" and st.op.reduce_axes and s.dag.needs_multi_level_tiling(st.name)
+    ]
+
+
+def default_tiling(op: Op, params: GpuParams) -> Tiling:
+    """Tile sizes that suit most GEMMs and convs: up to 16x16 threads on the innermost two spatial axes, each
+    computing up to 2x2 outputs, a reduction step of up to 8 on the first reduction axis and whole windows on the
+    others; halved along the reduction while the shared tiles would not fit."""
+    threads_left = params.threads_per_block
+    spatial: list[tuple[int, int, int, int]] = [(1, 1, 1, 1)] * len(op.axes)
+    for d in reversed(range(len(op.axes))):
+        extent = op.axes[d].extent
+        t = min(16, threads_left, _pow2_at_most(extent))
+        inner = 2 if extent >= 4 * t else 1
+        spatial[d] = (1, t, 1, inner)
+        threads_left //= t
+        if threads_left == 1 or d <= len(op.axes) - 2:
+            break
+    reduce = [(min(8, r.extent), 1) if k == 0 else (r.extent, 1) for k, r in enumerate(op.reduce_axes)]
+    return Tiling(tuple(spatial), tuple(reduce))
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class LaunchResources:
+    """What one kernel launch asks of the device: threads per block, blocks, shared bytes per block."""
+
+    threads: int
+    blocks: int
+    shared_bytes: int
+
+    def fits(self, params: GpuParams) -> bool:
+        return self.threads <= params.max_threads_per_block and self.shared_bytes <= params.max_shared_bytes
+
+
+def launch_resources(f: Func) -> list[LaunchResources]:
+    """Per kernel launch of a lowered GPU program (its top-level loop nests), what it asks of the device."""
+    out = []
+    for body in split_launches(f.body)[1]:
+        dims: dict[str, int] = {}
+        shared: dict[str, int] = {}
+        for s in walk_stmts(body):
+            if isinstance(s, For) and s.kind.startswith(("blockIdx", "threadIdx")):
+                dims[s.kind] = max(dims.get(s.kind, 1), s.extent)
+            elif isinstance(s, Allocate) and s.scope == "shared":
+                shared[s.buffer.name] = s.buffer.size * max(1, dtypes.bits(s.buffer.dtype) // 8)
+        threads = math.prod(dims.get(k, 1) for k in THREAD_KINDS)
+        blocks = math.prod(e for k, e in dims.items() if k.startswith("blockIdx"))
+        out.append(LaunchResources(threads, blocks, sum(shared.values())))
+    return out

@@ -1,0 +1,292 @@
+"""GPU schedules: random legal GPU schedules and the default GPU schedule of every core kernel, lowered and run in
+the GPU interpreter against numpy; the interpreter's own semantics (lock-step barriers, shared memory per block,
+local memory per thread, race and divergence errors); the GPU steps' legality and records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from compiler.base.errors import IllegalStep, LoweringError
+from compiler.schedule import gpu_interp
+from compiler.schedule.gpu_interp import BarrierDivergence, SharedMemoryRace
+from compiler.schedule.loopir import Allocate, Barrier, Buffer, For, Func, IfThenElse, Seq, Store, seq, walk_stmts
+from compiler.schedule.lower import lower
+from compiler.schedule.state import Annotate, State, apply_steps, initial_state, step_from_record
+from compiler.targets.cuda.default_schedule import default_schedule
+from compiler.targets.cuda.schedule_rules import (
+    GpuParams,
+    Tiling,
+    anchors,
+    bind_flat,
+    launch_resources,
+    multi_level_tile,
+)
+from compiler.tensor import te
+from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.ops import KERNELS
+
+DAGS = {name: ComputeDAG(sum(case.build(), [])) for name, case in KERNELS.items()}
+RNG = np.random.default_rng(0)
+INPUTS = {name: case.random_inputs(RNG) for name, case in KERNELS.items()}
+REFS = {name: case.reference(*INPUTS[name]) for name, case in KERNELS.items()}
+MAX_STORES = 150_000  # every thread's stores together; the GPU interpreter runs a few hundred thousand a second
+
+
+def check_numerics(name: str, state: State) -> None:
+    func = lower(state)
+    assert all(r.fits(GpuParams()) for r in launch_resources(func)), launch_resources(func)
+    dag, case = DAGS[name], KERNELS[name]
+    outs = [np.zeros(dag.op(o).shape, np.float32) for o in dag.outputs]
+    gpu_interp.run(func, *INPUTS[name], *outs)
+    for got, want in zip(outs, REFS[name]):
+        np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol, err_msg=str(state))
+
+
+def store_count(s) -> int:
+    """Stores the program executes over all threads (ignoring guards)."""
+    if isinstance(s, For):
+        return s.extent * store_count(s.body)
+    if isinstance(s, Seq):
+        return sum(store_count(c) for c in s.stmts)
+    if isinstance(s, Allocate):
+        return store_count(s.body)
+    if isinstance(s, IfThenElse):
+        return store_count(s.then) + (store_count(s.orelse) if s.orelse is not None else 0)
+    return int(isinstance(s, Store))
+
+
+# ---------------------------------------------------------------------------------------------- random schedules
+
+
+@st.composite
+def gpu_schedule(draw, dag: ComputeDAG) -> State:
+    """A random legal GPU schedule: each elementwise intermediate inlined or not, each GEMM/conv tiled "SSSRRSRS"
+    (random vthread, thread, middle and inner tiles, shared inputs or not) or bound flat, the rest bound flat
+    with a random block size."""
+    s = initial_state(dag)
+    for stage in reversed(s.stages):
+        op = stage.op
+        if not (op.is_placeholder or op.reduce_axes or dag.is_output(op.name)) and draw(st.booleans()):
+            s = s.compute_inline(op.name)
+    tiled: set[str] = set()
+    for name in anchors(s):
+        if not draw(st.booleans()):
+            continue
+        op = s.stage(name).op
+        spatial = tuple(
+            (
+                draw(st.sampled_from((1, 2))),
+                draw(st.sampled_from((1, 2, 4, 8))),
+                draw(st.sampled_from((1, 2))),
+                draw(st.sampled_from((1, 2, 3))),
+            )
+            for _ in op.axes
+        )
+        reduce = tuple((draw(st.sampled_from((1, 2, 4))), draw(st.sampled_from((1, 3)))) for _ in op.reduce_axes)
+        before = {st_.name for st_ in s.stages}
+        s = multi_level_tile(s, name, Tiling(spatial, reduce, shared=draw(st.booleans())))
+        tiled |= {name} | ({st_.name for st_ in s.stages} - before)
+    for stage in s.stages:
+        if not (stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled):
+            s = bind_flat(s, stage.name, draw(st.sampled_from((1, 3, 32, 64, 256))))
+    return s
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_gpu_schedule_interpreter(name, data):
+    state = data.draw(gpu_schedule(DAGS[name]))
+    replayed = apply_steps(DAGS[name], [step_from_record(json.loads(json.dumps(s.record()))) for s in state.steps])
+    assert replayed == state  # the step list (the record) is the schedule
+    func = lower(state)
+    assume(store_count(func.body) <= MAX_STORES and all(r.fits(GpuParams()) for r in launch_resources(func)))
+    check_numerics(name, state)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_default_gpu_schedule(name):
+    state = default_schedule(DAGS[name])
+    assert "threadIdx.x" in str(state)
+    check_numerics(name, state)
+
+
+# ---------------------------------------------------------------------------------------------- steps and lowering
+
+
+def matmul_tiled() -> State:
+    tiling = Tiling(spatial=((1, 4, 1, 2), (2, 4, 1, 1)), reduce=((4, 2),))
+    return multi_level_tile(initial_state(DAGS["matmul"]), "matmul", tiling)
+
+
+def test_state_prints_bindings_and_scopes():
+    text = str(matmul_tiled())
+    for line in ("blockIdx.x i.0@j.0", "vthread i.1@j.1", "threadIdx.x i.2@j.2", "A.shared[ax0, ax1] = A[ax0, ax1]"):
+        assert line in text, text
+
+
+def test_lowering_fences_every_shared_fill_with_barriers():
+    func = lower(matmul_tiled())
+    shared = [s for s in walk_stmts(func.body) if isinstance(s, Allocate) and s.scope == "shared"]
+    assert sorted(a.buffer.name for a in shared) == ["A.shared", "B.shared"]
+    for a in shared:
+        stmts = a.body.stmts
+        assert isinstance(stmts[0], Barrier) and isinstance(stmts[2], Barrier), a
+        assert {s.buffer for s in walk_stmts(stmts[1]) if isinstance(s, Store)} == {a.buffer.name}
+    # the block's 8 rows of A by 8 reduction steps; of B the 4 columns of one virtual thread (a vthread loop runs
+    # serially, and the fill sits inside it)
+    assert {a.buffer.name: a.buffer.shape for a in shared} == {"A.shared": (8, 8), "B.shared": (8, 4)}
+    local = [s for s in walk_stmts(func.body) if isinstance(s, Allocate) and s.scope == "local"]
+    assert [(a.buffer.name, a.buffer.shape) for a in local] == [("matmul.local", (2, 1))]
+
+
+def test_cpu_programs_allocate_globally():
+    """A CPU schedule with the same cache stages keeps today's lowering: global buffers, no barriers."""
+    s = initial_state(DAGS["matmul"]).cache_write("matmul", "local").cache_read("A", "shared", ["matmul.local"])
+    s = s.compute_at("A.shared", "matmul.local", 1)
+    func = lower(s)
+    assert all(a.scope == "global" for a in walk_stmts(func.body) if isinstance(a, Allocate))
+    assert not any(isinstance(b, Barrier) for b in walk_stmts(func.body))
+
+
+@pytest.mark.parametrize(
+    "binding, why",
+    [
+        (Annotate(2, 2, "threadIdx.x"), "cannot bind reduction iterator k"),
+        (Annotate(2, 0, "warp.x"), "unknown annotation"),
+    ],
+)
+def test_illegal_bindings(binding, why):
+    with pytest.raises(IllegalStep, match=why):
+        apply_steps(DAGS["matmul"], [binding])
+
+
+def test_a_stage_binds_each_thread_index_once():
+    s = initial_state(DAGS["matmul"]).annotate("matmul", 0, "threadIdx.x")
+    with pytest.raises(IllegalStep, match="already binds i to threadIdx.x"):
+        s.annotate("matmul", 1, "threadIdx.x")
+
+
+def test_lowering_rejects_meaningless_bindings():
+    s = initial_state(DAGS["matmul"]).cache_write("matmul", "local")
+    s = s.annotate("matmul", 0, "blockIdx.x").compute_at("matmul.local", "matmul", 1)
+    with pytest.raises(LoweringError, match="only a stage at the root binds the grid"):
+        lower(s.annotate("matmul.local", 1, "blockIdx.y"))
+    with pytest.raises(LoweringError, match="only a shared stage is computed cooperatively"):
+        lower(s.annotate("matmul.local", 1, "threadIdx.x"))
+
+
+def test_gpu_records_round_trip():
+    state = matmul_tiled()
+    lines = [json.dumps(s.record()) for s in state.steps]
+    assert '["AN", 5, 0, "blockIdx.x"]' in lines and '["CHR", 0, "shared", [2]]' in lines
+    assert apply_steps(DAGS["matmul"], [step_from_record(json.loads(line)) for line in lines]) == state
+
+
+# ---------------------------------------------------------------------------------------------- the interpreter
+
+TX, BX = te.Var("tx"), te.Var("bx")
+ZERO = te.Const(0)
+
+
+def kernel(body, *params: Buffer) -> Func:
+    return Func("k", params, body)
+
+
+def threads(n: int, body) -> For:
+    return For(TX, n, "threadIdx.x", body)
+
+
+def test_shared_memory_is_one_buffer_per_block_and_barriers_order_it():
+    """Each thread writes its slot, then (after the barrier) reads its neighbour's: a rotation within each block."""
+    S = Buffer("S", "float32", (4,))
+    out = Buffer("out", "float32", (8,))
+    body = For(
+        BX,
+        2,
+        "blockIdx.x",
+        threads(
+            4,
+            Allocate(
+                S,
+                seq(
+                    Store("S", TX, te.cast("float32", BX * 10 + TX)),
+                    Barrier(),
+                    Store("out", BX * 4 + TX, te.Load("S", ((TX + 1) % 4,), "float32")),
+                ),
+                "shared",
+            ),
+        ),
+    )
+    result = np.zeros(8, np.float32)
+    gpu_interp.run(kernel(body, out), result)
+    np.testing.assert_array_equal(result, [1, 2, 3, 0, 11, 12, 13, 10])
+
+
+def test_local_memory_is_one_buffer_per_thread():
+    L = Buffer("L", "float32", (1,))
+    out = Buffer("out", "float32", (4,))
+    body = threads(
+        4,
+        Allocate(
+            L,
+            seq(Store("L", ZERO, te.cast("float32", TX)), Store("out", TX, te.Load("L", (ZERO,), "float32"))),
+            "local",
+        ),
+    )
+    result = np.zeros(4, np.float32)
+    gpu_interp.run(kernel(body, out), result)
+    np.testing.assert_array_equal(result, [0, 1, 2, 3])
+
+
+def test_a_missing_barrier_is_a_race_on_the_shared_buffer():
+    S = Buffer("S", "float32", (4,))
+    out = Buffer("out", "float32", (4,))
+    body = threads(
+        4,
+        Allocate(
+            S,
+            seq(Store("S", TX, te.cast("float32", TX)), Store("out", TX, te.Load("S", ((TX + 1) % 4,), "float32"))),
+            "shared",
+        ),
+    )
+    with pytest.raises(SharedMemoryRace, match=r"race on S\[1\] in block \(0, 0, 0\): thread \(0, 0, 0\) read it"):
+        gpu_interp.run(kernel(body, out), np.zeros(4, np.float32))
+
+
+def test_two_threads_writing_one_shared_element_race():
+    S = Buffer("S", "float32", (1,))
+    out = Buffer("out", "float32", (1,))
+    body = threads(2, Allocate(S, Store("S", ZERO, te.cast("float32", TX)), "shared"))
+    with pytest.raises(SharedMemoryRace, match=r"S\[0\].*thread \(0, 0, 0\) wrote it, and so did thread \(1, 0, 0\)"):
+        gpu_interp.run(kernel(body, out), np.zeros(1, np.float32))
+
+
+def test_a_barrier_some_threads_skip_is_divergence():
+    out = Buffer("out", "float32", (4,))
+    body = threads(4, seq(IfThenElse(TX < 2, Barrier()), Store("out", TX, te.const(1.0, "float32"))))
+    with pytest.raises(
+        BarrierDivergence, match=r"thread \(0, 0, 0\) reached barrier #0 of launch 0 but thread \(2, 0, 0\) finished"
+    ):
+        gpu_interp.run(kernel(body, out), np.zeros(4, np.float32))
+
+
+def test_threads_past_a_shorter_loop_skip_its_body():
+    """A loop bound to threadIdx.x with fewer iterations than the block runs only on the first threads."""
+    out = Buffer("out", "float32", (8,))
+    inner = te.Var("t2")
+    body = threads(
+        8,
+        seq(
+            Store("out", TX, te.const(1.0, "float32")),
+            For(inner, 3, "threadIdx.x", Store("out", inner, te.const(2.0, "float32"))),
+        ),
+    )
+    result = np.zeros(8, np.float32)
+    gpu_interp.run(kernel(body, out), result)
+    np.testing.assert_array_equal(result, [2, 2, 2, 1, 1, 1, 1, 1])
