@@ -1,0 +1,96 @@
+"""The GPU a timing is valid for: what the driver reports of a device (name, SMs, compute capability, memory, clocks,
+driver versions), and a short stable key of what a kernel's speed depends on, naming its measurement queue
+(`measure.gpu.<key>`) and its records."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from compiler.targets.cuda import driver as cu
+
+NVIDIA_PROC_VERSION = Path("/proc/driver/nvidia/version")
+
+
+class DeviceQueries(Protocol):
+    """What gpu_fingerprint asks of a driver (driver.Driver has it; tests pass a fake)."""
+
+    def version(self) -> int: ...
+    def device(self, ordinal: int = 0) -> int: ...
+    def device_name(self, device: int) -> str: ...
+    def attribute(self, device: int, attribute: int) -> int: ...
+    def total_memory(self, device: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class GpuFingerprint:
+    """One GPU as its driver reports it. `cuda_version` is the newest CUDA the driver supports ("13.0"),
+    `driver_release` the kernel module's release ("580.65.06"; empty where /proc does not say)."""
+
+    name: str
+    sm_count: int
+    compute_capability: tuple[int, int]
+    memory_bytes: int
+    cuda_version: str
+    driver_release: str
+    sm_clock_mhz: int
+    memory_clock_mhz: int
+    memory_bus_bits: int
+    l2_bytes: int
+    max_shared_per_block: int
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    def key(self) -> str:
+        """A stable short hash of what a kernel's timing depends on: the GPU model, its SM count and clocks, its
+        compute capability, and the driver (whose JIT compiles the PTX)."""
+        parts = (self.name, self.arch, self.sm_count, self.sm_clock_mhz, self.memory_clock_mhz, self.cuda_version,
+                 self.driver_release)  # fmt: skip
+        return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
+
+    def __str__(self):
+        gib = self.memory_bytes / 2**30
+        return (
+            f"{self.name} ({self.arch}, {self.sm_count} SMs at {self.sm_clock_mhz} MHz, {gib:.0f} GiB, "
+            f"CUDA {self.cuda_version}, driver {self.driver_release or 'unknown'})"
+        )
+
+
+def driver_release(proc_version: Path = NVIDIA_PROC_VERSION) -> str:
+    """The NVIDIA kernel module's release from /proc ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06
+    …"), or "" where the file is absent or says something else."""
+    try:
+        text = proc_version.read_text()
+    except OSError:
+        return ""
+    words = text.split("Kernel Module", 1)[-1].split() if "Kernel Module" in text else []
+    return words[0] if words and words[0][0].isdigit() else ""
+
+
+def gpu_fingerprint(
+    driver: DeviceQueries, ordinal: int = 0, proc_version: Path = NVIDIA_PROC_VERSION
+) -> GpuFingerprint:
+    """What `driver` reports of device `ordinal`."""
+    dev = driver.device(ordinal)
+    version = driver.version()
+    return GpuFingerprint(
+        name=driver.device_name(dev),
+        sm_count=driver.attribute(dev, cu.ATTR_MULTIPROCESSOR_COUNT),
+        compute_capability=(
+            driver.attribute(dev, cu.ATTR_COMPUTE_CAPABILITY_MAJOR),
+            driver.attribute(dev, cu.ATTR_COMPUTE_CAPABILITY_MINOR),
+        ),
+        memory_bytes=driver.total_memory(dev),
+        cuda_version=f"{version // 1000}.{version % 1000 // 10}",
+        driver_release=driver_release(proc_version),
+        sm_clock_mhz=driver.attribute(dev, cu.ATTR_CLOCK_RATE_KHZ) // 1000,
+        memory_clock_mhz=driver.attribute(dev, cu.ATTR_MEMORY_CLOCK_RATE_KHZ) // 1000,
+        memory_bus_bits=driver.attribute(dev, cu.ATTR_MEMORY_BUS_WIDTH),
+        l2_bytes=driver.attribute(dev, cu.ATTR_L2_CACHE_SIZE),
+        max_shared_per_block=driver.attribute(dev, cu.ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+    )
