@@ -290,3 +290,38 @@ def test_threads_past_a_shorter_loop_skip_its_body():
     result = np.zeros(8, np.float32)
     gpu_interp.run(kernel(body, out), result)
     np.testing.assert_array_equal(result, [2, 2, 2, 1, 1, 1, 1, 1])
+
+
+def test_a_shared_fill_reuses_its_consumers_thread_index():
+    """The fill's loop bound to threadIdx.x inside the consumer's becomes the consumer's variable (hardware has one
+    threadIdx.x), guarded where the fill has fewer iterations than the block has threads."""
+    func = lower(matmul_tiled())
+    for body in (a.body for a in walk_stmts(func.body) if isinstance(a, Allocate) and a.scope == "shared"):
+        bound = [s for s in walk_stmts(body.stmts[1]) if isinstance(s, For) and s.kind == "threadIdx.x"]
+        assert bound == []
+    assert [s.extent for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == "threadIdx.x"] == [16]
+
+
+def test_a_fill_longer_than_its_block_is_rejected():
+    s = initial_state(DAGS["matmul"]).cache_write("matmul", "local").cache_read("A", "shared", ["matmul.local"])
+    s = s.split("matmul", 0, [4]).annotate("matmul", 1, "threadIdx.x").compute_at("matmul.local", "matmul", 1)
+    s = s.compute_at("A.shared", "matmul.local", 1).split("A.shared", 1, [8]).annotate("A.shared", 2, "threadIdx.x")
+    with pytest.raises(LoweringError, match="has extent 8 inside loop .* bound to it with extent 4"):
+        lower(s)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_default_gpu_schedule_assembles(name):
+    """The CUDA code generator turns every default GPU schedule into PTX that ptxas accepts for sm_90."""
+    codegen = pytest.importorskip("compiler.targets.cuda.codegen")
+    from compiler.base.errors import MissingExtra
+    from compiler.targets.cuda import ptx
+
+    try:
+        ptx.find_ptxas()
+    except MissingExtra as e:
+        pytest.skip(str(e))
+    program = codegen.compile_func(lower(default_schedule(DAGS[name]), name))
+    for kernel in program.kernels:
+        _, report = ptx.assemble(kernel.ptx, kernel.name, "sm_90")
+        assert report.shared_bytes <= GpuParams().max_shared_bytes and not report.spills, report

@@ -268,6 +268,8 @@ class _Lowering:
             if not dag.is_output(s.name):
                 body = Allocate(self.buffer(s.name), body)
         params = tuple(Buffer(n, dag.op(n).dtype, dag.op(n).shape) for n in dag.inputs + dag.outputs)
+        if self.gpu:
+            body = merge_nested_bindings(body, {})
         if simplify:
             body = simplify_stmt(body, self.ranges)
             # loop partitioning would cut bound loops apart, and put barriers under guards some threads fail
@@ -306,6 +308,49 @@ def check_gpu_bindings(state: State) -> None:
                 f"{s.name} lives in each thread's local memory but binds {', '.join(threads)} to threadIdx; only a "
                 "shared stage is computed cooperatively by the block's threads"
             )
+
+
+def merge_nested_bindings(s: Stmt, bound: dict[str, tuple[Var, int]]) -> Stmt:
+    """`s` with each loop bound to an index that an enclosing loop already binds (a shared stage's copy loop inside
+    its consumer's threadIdx.x loop) replaced by that loop's variable, under a guard where it is shorter: one loop
+    per index on every path, as hardware runs it. `bound` holds the enclosing bound loops' (variable, extent)."""
+    if isinstance(s, For):
+        if s.kind in BLOCK_KINDS + THREAD_KINDS:
+            if s.kind in bound:
+                var, extent = bound[s.kind]
+                if s.extent > extent:
+                    raise LoweringError(
+                        f"loop {s.var} bound to {s.kind} has extent {s.extent} inside loop {var} bound to it with "
+                        f"extent {extent}: the threads past {extent} never reach it; split it by {extent} or less"
+                    )
+                body = merge_nested_bindings(_rename(s.body, s.var.name, var), bound)
+                return body if s.extent == extent else IfThenElse(var < s.extent, body)
+            bound = {**bound, s.kind: (s.var, s.extent)}
+        return replace(s, body=merge_nested_bindings(s.body, bound))
+    if isinstance(s, Seq):
+        return seq(*(merge_nested_bindings(c, bound) for c in s.stmts))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, merge_nested_bindings(s.body, bound), s.scope)
+    if isinstance(s, IfThenElse):
+        orelse = s.orelse and merge_nested_bindings(s.orelse, bound)
+        return IfThenElse(s.cond, merge_nested_bindings(s.then, bound), orelse)
+    return s
+
+
+def _rename(s: Stmt, name: str, var: Var) -> Stmt:
+    """`s` with loop variable `name` replaced by `var` in every index, value and guard."""
+    if isinstance(s, Store):
+        return Store(s.buffer, te.substitute(s.index, {name: var}), te.substitute(s.value, {name: var}))
+    if isinstance(s, For):
+        return replace(s, body=_rename(s.body, name, var))
+    if isinstance(s, Seq):
+        return Seq(tuple(_rename(c, name, var) for c in s.stmts))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _rename(s.body, name, var), s.scope)
+    if isinstance(s, IfThenElse):
+        orelse = s.orelse and _rename(s.orelse, name, var)
+        return IfThenElse(te.substitute(s.cond, {name: var}), _rename(s.then, name, var), orelse)
+    return s
 
 
 def infer_bound(state: State) -> State:
