@@ -157,6 +157,14 @@ def _tile_anchor(
     depthwise = _depthwise_input(s, name)
     if depthwise is not None:  # N x F/b x H x W x b: the channel blocks inside the pixel tile
         outer = [outer[0], *outer[2:-1], outer[1], outer[-1]]
+    else:  # the output's column blocks outside its row blocks, where that reads fewer bytes (_traffic)
+        out_axes = s.stage(out).op.axes
+        extents = {n: a.extent for n, a in zip(onames, out_axes)}
+        extents.update({f"{n}.0": a.extent // (lanes if n == ov else block) for n, a in zip(onames, out_axes)})
+        axis_of = dict(zip(onames, [a.name for a in axes]))
+        columns_first = [outer[-1], *outer[:-1]]
+        if _traffic(s, name, columns_first, extents, axis_of) < _traffic(s, name, outer, extents, axis_of):
+            outer = columns_first
     s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
     s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")
     # the accumulator tile: reductions outside, unrolled rows, vectorized columns
@@ -179,6 +187,27 @@ def _tile_anchor(
     if depthwise is not None:
         attach[depthwise] = (out, _loop_holding(s.stage(out), outer[-3]))
     return s, {local, out}
+
+
+def _traffic(s: State, name: str, order: list[str], extents: dict[str, int], axis_of: dict[str, str]) -> int:
+    """Bytes the tile loops in `order` (outermost first) read: each input of reduction `name` once, times the trips
+    of the loops it does not depend on that run outside the innermost loop it does (its data is read again on each;
+    an input whose loops are all inside them is read once). With a 128 x 3072 by 3072 x 768 GEMM (BERT's FFN), rows
+    outside columns read the 9.4 MB weight 16 times, from L3; columns outside rows read the 1.5 MB input 24 times,
+    from L2: BERT-base (sequence 128) ran in 175 ms instead of 267 at 1 thread on an Emerald Rapids (2 MiB L2),
+    the 4-layer encoder in 6.7 instead of 7.3; convs keep their order (their channel blocks outside the pixels)."""
+    total = 0
+    order = [loop for loop in order if extents[loop] > 1]  # a loop of one trip orders nothing
+    for ld in _loads(s, s.stage(name).op.body):
+        producer = s.stage(ld.buffer).op
+        used = set().union(*(te.free_vars(i) for i in ld.indices)) if ld.indices else set()
+        depends = [axis_of[loop.split(".")[0]] in used for loop in order]
+        if not any(depends):
+            continue
+        last = max(i for i, d in enumerate(depends) if d)
+        trips = math.prod(extents[loop] for loop, d in zip(order[:last], depends) if not d)
+        total += math.prod(producer.shape) * trips
+    return total
 
 
 def _depthwise_input(s: State, name: str) -> str | None:
