@@ -1,19 +1,26 @@
 """CUDA code generation: hand-written GPU loop IR (a vector add, a tiled GEMM with shared tiles and barriers, a
 cross-thread reduction, libdevice math, every GPU dtype) compiled to PTX and assembled by ptxas for sm_80 and
-sm_90; the errors a GPU program can earn; ptxas's report parsing. No GPU is needed; ptxas comes from the
-nvidia-cuda-nvcc wheel of the dev extra."""
+sm_90; the same kernels' LLVM IR run on this CPU (threads as OS threads meeting at barriers) against numpy; the
+errors a GPU program can earn; ptxas's report parsing. No GPU is needed; ptxas comes from the nvidia-cuda-nvcc wheel
+of the dev extra."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
+import itertools
 import re
+import threading
 
+import llvmlite.binding as llvm
+import numpy as np
 import pytest
 
 from compiler.base.errors import BuildError, MissingExtra
 from compiler.schedule.loopir import Allocate, Barrier, Buffer, For, Func, IfThenElse, Store, seq
 from compiler.targets.cuda.codegen import SM_80, SM_90, GpuArch, arch_for, compile_func, llvm_ir
 from compiler.targets.cuda.codegen import libdevice as libdevice_mod
+from compiler.targets.cuda.codegen.launch import launch_shape
 from compiler.targets.cuda.ptx import PtxasError, PtxasReport, assemble, find_ptxas, parse_report
 from compiler.tensor import te
 from compiler.tensor.te import Cast, Const, Load, Var
@@ -165,6 +172,7 @@ def dtypes_func(n: int = 1024) -> Func:
         Store("flag", tx, (a < b) | te.equal(a % Const(3, "int32"), Const(0, "int32"))),
         Store("h_out", tx, Cast("float16", h * Const(0.5, "float32") + te.cast("float32", load("flag", tx, "bool")))),
         Store("f64", tx, te.cast("float64", h) / te.cast("float64", b)),
+        Store("big", tx, tx * Const(1 << 40, "int64")),  # a value, not an index: stays 64-bit
     ]
     bufs = (
         Buffer("a", "int32", (n,)),
@@ -177,6 +185,7 @@ def dtypes_func(n: int = 1024) -> Func:
         Buffer("flag", "bool", (n,)),
         Buffer("h_out", "float16", (n,)),
         Buffer("f64", "float64", (n,)),
+        Buffer("big", "int64", (n,)),
     )
     return Func("dtypes", bufs, For(tx, n, "threadIdx.x", seq(*stores)))
 
@@ -207,6 +216,58 @@ def two_launch_func(n: int = 4096) -> Func:
 
 def assembled(kernel) -> PtxasReport:
     return assemble(kernel.ptx, kernel.name, kernel.arch.name)[1]
+
+
+SREGS = ("ctaid.x", "ctaid.y", "ctaid.z", "tid.x", "tid.y", "tid.z")
+_SREG_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
+_BARRIER_FN = ctypes.CFUNCTYPE(None)
+
+
+def run_on_cpu(f: Func, *arrays: np.ndarray) -> None:
+    """Run a GPU kernel's LLVM IR (without libdevice math) on this CPU: its address spaces dropped, each special
+    register read and each barrier a call back into Python. The blocks run one after another (so the module's shared
+    arrays are the running block's), the threads of a block as OS threads meeting at a threading.Barrier, so
+    shared-memory tiles, barriers, guards and index math are checked against numpy without a GPU."""
+    (text,) = llvm_ir(f, optimized=False)
+    text = re.sub(r"target triple = .*", "", text).replace("ptx_kernel ", "")
+    text = re.sub(r" ?addrspace\(\d\)", "", text)
+    text = re.sub(r'declare \w+ @"llvm\.nvvm\.(read\.ptx\.sreg|barrier)[^\n]*\n', "", text)
+    for k, reg in enumerate(SREGS):
+        text = text.replace(f'call i32 @"llvm.nvvm.read.ptx.sreg.{reg}"()', f'call i32 @"emu.sreg"(i32 {k})')
+    text = text.replace('call void @"llvm.nvvm.barrier.cta.sync.aligned.all"(i32 0)', 'call void @"emu.barrier"()')
+    text += 'declare i32 @"emu.sreg"(i32)\ndeclare void @"emu.barrier"()\n'
+    shape = launch_shape(f)
+    local = threading.local()
+    barrier = threading.Barrier(shape.threads_per_block, timeout=60)
+    callbacks = (_SREG_FN(lambda k: local.regs[k]), _BARRIER_FN(barrier.wait))  # alive until the kernel is done
+    llvm.add_symbol("emu.sreg", ctypes.cast(callbacks[0], ctypes.c_void_p).value)
+    llvm.add_symbol("emu.barrier", ctypes.cast(callbacks[1], ctypes.c_void_p).value)
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    # the host's own CPU: with F16C, half conversions are instructions, not compiler-rt calls MCJIT cannot resolve
+    host = llvm.get_host_cpu_features().flatten()
+    tm = llvm.Target.from_default_triple().create_target_machine(cpu=llvm.get_host_cpu_name(), features=host)
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    kernel = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(arrays))(engine.get_function_address(f.name))
+    pointers = [a.ctypes.data for a in arrays]
+
+    def thread(block: tuple[int, ...], tid: tuple[int, ...]) -> None:
+        local.regs = (*reversed(block), *reversed(tid))
+        kernel(*pointers)
+
+    for block in itertools.product(*(range(n) for n in reversed(shape.grid))):
+        threads = [
+            threading.Thread(target=thread, args=(block, tid))
+            for tid in itertools.product(*(range(n) for n in reversed(shape.block)))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not barrier.broken, f"kernel {f.name}: a thread did not reach a barrier the others waited at"
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -277,6 +338,70 @@ def test_global_intermediates_share_one_workspace_across_launches():
     for k in program.kernels:
         assert k.ptx.count(".param .u64") == 3  # x, out, workspace
         assembled(k)
+
+
+def _wrap32(x: int) -> int:
+    return (x + 2**31) % 2**32 - 2**31
+
+
+def _reference_i32(a: int, b: int) -> int:
+    """seq_ops with te's semantics: floor division and modulo (by 0: 0), shifts past the width fill with the sign."""
+    div = a // b if b else 0
+    mod = a % b if b else 0
+    shr = a >> b if 0 <= b < 32 else (-1 if a < 0 else 0)
+    return _wrap32(max(div, mod) + min(_wrap32(a << 2), shr) + _wrap32(a**3))
+
+
+def test_dtypes_compute_what_numpy_does():
+    n = 1024
+    rng = np.random.default_rng(1)
+    a = rng.integers(-(2**20), 2**20, n, dtype=np.int32)
+    b = rng.integers(-40, 40, n, dtype=np.int32)
+    h = rng.uniform(0, 250, n).astype(np.float16)
+    outs = [np.zeros(n, d) for d in (np.int8, np.uint8, np.int64, np.int32, np.bool_, np.float16, np.float64)]
+    big = np.zeros(n, np.int64)
+    run_on_cpu(dtypes_func(n), a, b, h, *outs, big)
+    i8, u8, i64, i32, flag, h_out, f64 = outs
+    np.testing.assert_array_equal(i8, a.astype(np.int8) + b.astype(np.int8))
+    np.testing.assert_array_equal(u8, h.astype(np.float32).astype(np.uint8))
+    np.testing.assert_array_equal(i64, a.astype(np.int64) * b.astype(np.int64) // 7)
+    np.testing.assert_array_equal(i32, [_reference_i32(int(x), int(y)) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(flag, (a < b) | (a % 3 == 0))
+    np.testing.assert_array_equal(h_out, (h.astype(np.float32) * 0.5 + flag.astype(np.float32)).astype(np.float16))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(f64, h.astype(np.float64) / b)
+    np.testing.assert_array_equal(big, np.arange(n, dtype=np.int64) << 40)
+
+
+def test_bound_loops_index_by_block_and_thread():
+    a, b = np.arange(4096, dtype=np.float32), np.full(4096, 0.5, np.float32)
+    c = np.zeros(4096, np.float32)
+    run_on_cpu(vadd_func(4096, 128), a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    t = Var("t")
+    body = _bound(
+        "blockIdx.x",
+        1,
+        seq(
+            _bound("threadIdx.x", 256, Store("x", t, Const(1.0, "float32"))),
+            _bound("threadIdx.x", 100, Store("x", t, Const(2.0, "float32"))),
+        ),
+        "b",
+    )
+    x = np.zeros(256, np.float32)
+    run_on_cpu(Func("short", (f32("x", 256),), body), x)
+    np.testing.assert_array_equal(x, np.where(np.arange(256) < 100, 2.0, 1.0))
+
+
+def test_tiled_gemm_and_reduction_compute_what_numpy_does():
+    rng = np.random.default_rng(2)
+    A, B = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((32, 96), dtype=np.float32)
+    C = np.zeros((64, 96), np.float32)
+    run_on_cpu(gemm_func(64, 96, 32, tile=32, kt=16, reg=4), A, B, C)
+    np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-5)
+    x, sums = rng.standard_normal(6 * 100, dtype=np.float32), np.zeros(6, np.float32)
+    run_on_cpu(row_sum_func(6, 100, threads=32), x, sums)
+    np.testing.assert_allclose(sums, x.reshape(6, 100).sum(axis=1), rtol=1e-5, atol=1e-5)
 
 
 def test_o3_unrolls_and_promotes_the_register_tile():
