@@ -6,9 +6,9 @@ the box of elements its readers touch inside that loop, stored in a buffer the s
 A State with a loop bound to a GPU index (blockIdx.*, threadIdx.*, vthread) lowers to a GPU program: bound loops
 keep their kind, a stage computed inside another's loops lives in shared memory (a "shared" cache stage: one box for
 the whole thread block, so its region is inferred with the enclosing threadIdx loops left free) or in local memory
-(any other: one box per thread), and every shared stage's computation is fenced by barriers, before it (the
-block's threads have finished reading the previous contents) and after it (every thread's writes are visible
-before anyone reads). Each top-level loop nest is one kernel launch.
+(any other: one box per thread), and the shared stages computed at one loop are fenced by barriers, before
+them (the block's threads have finished reading the previous contents) and after them (every thread's writes are
+visible before anyone reads). Each top-level loop nest is one kernel launch.
 """
 
 from __future__ import annotations
@@ -234,18 +234,35 @@ class _Lowering:
         own_loops = set()
         for i in reversed(range(len(info.loops))):
             v, e, ann = info.loops[i]
-            for child in reversed(self.state.attached_at(s.name, info.leaf_names[i])):
-                scope = self.scope(child)
-                fill = self.emit(child)
-                if scope == "shared":
-                    fill = seq(Barrier(), fill, Barrier())
-                stmt = Allocate(self.buffer(child.name), seq(fill, stmt), scope)
+            children = self.state.attached_at(s.name, info.leaf_names[i])
+            if self.gpu:
+                stmt = self._emit_gpu_children(children, stmt)
+            else:
+                for child in reversed(children):
+                    stmt = Allocate(self.buffer(child.name), seq(self.emit(child), stmt))
             stmt = _loop(v, e, ann, stmt, transform)
             own_loops.add(v.name)
             if i == first_reduce:
                 stmt = seq(init, stmt)
         if s.auto_unroll_max_step:
             stmt = _auto_unroll(stmt, own_loops, s.auto_unroll_max_step)[0]
+        return stmt
+
+    def _emit_gpu_children(self, children: list[Stage], body: Stmt) -> Stmt:
+        """The stages computed at one loop of a GPU program, then `body`: each run of consecutive shared fills
+        between one pair of barriers (the block's threads are done reading the buffers' last contents before any
+        thread overwrites them, and every fill is complete before anyone reads it)."""
+        parts: list[Stmt] = []
+        for k, child in enumerate(children):
+            shared = self.scope(child) == "shared"
+            if shared and (k == 0 or self.scope(children[k - 1]) != "shared"):
+                parts.append(Barrier())
+            parts.append(self.emit(child))
+            if shared and (k == len(children) - 1 or self.scope(children[k + 1]) != "shared"):
+                parts.append(Barrier())
+        stmt = seq(*parts, body)
+        for child in reversed(children):
+            stmt = Allocate(self.buffer(child.name), stmt, self.scope(child))
         return stmt
 
     def infer_all(self) -> None:
