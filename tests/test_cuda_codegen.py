@@ -484,6 +484,14 @@ def test_a_barrier_only_some_threads_reach_is_refused():
     )
     with pytest.raises(BuildError, match="extent 128 but 256 are launched"):
         compile_func(Func("diverge", x, body))
+    b = Var("b")
+    store = Store("x", t, Const(1.0, "float32"))
+    branch = IfThenElse(t < 128, seq(Barrier(), store))
+    body = _bound("blockIdx.x", 2, _bound("threadIdx.x", 256, branch), "b")
+    with pytest.raises(BuildError, match=r"barrier under `if \(t < 128\)`, which depends on thread index t"):
+        compile_func(Func("branch", x, body))
+    uniform = _bound("blockIdx.x", 2, _bound("threadIdx.x", 256, IfThenElse(b < 1, seq(Barrier(), store))), "b")
+    compile_func(Func("uniform", x, uniform))  # every thread of a block takes the same way
 
 
 @needs_ptxas

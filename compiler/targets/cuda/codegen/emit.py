@@ -36,7 +36,7 @@ from compiler.schedule.loopir import (
 )
 from compiler.targets.cuda.codegen.launch import LaunchShape
 from compiler.targets.cuda.codegen.memory import PARAM_ALIGN, SHARED_ALIGN
-from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var, walk
+from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk
 
 TRIPLE = "nvptx64-nvidia-cuda"
 GLOBAL, SHARED = 1, 3  # NVPTX address spaces
@@ -150,6 +150,7 @@ class KernelEmitter:
         self.env: dict[str, ir.Value] = {}
         self.narrow = False  # evaluating an index: int64 arithmetic in self.index_type
         self.sregs: dict[str, ir.Value] = {}
+        self.thread_vars: set[str] = set()  # variables of the enclosing threadIdx loops: differ between threads
         self.shared_count = 0
 
     def emit(self) -> None:
@@ -216,6 +217,16 @@ class KernelEmitter:
         index = self.sreg(s.kind)
         dims = self.shape.grid if s.kind in BLOCK_KINDS else self.shape.block
         launched = dims[(BLOCK_KINDS + THREAD_KINDS).index(s.kind) % 3]
+        outer = self.thread_vars
+        if s.kind in THREAD_KINDS:
+            self.thread_vars = outer | {s.var.name}
+        try:
+            self.bound_body(s, index, launched)
+        finally:
+            self.thread_vars = outer
+
+    def bound_body(self, s: For, index: ir.Value, launched: int) -> None:
+        """The body of a bound loop, for the threads (blocks) whose index is below its extent."""
         with self.bind(self.env, s.var.name, index):
             if s.extent == launched:
                 self.stmt(s.body)
@@ -287,6 +298,12 @@ class KernelEmitter:
             self.stmt(s.body)
 
     def if_then_else(self, s: IfThenElse) -> None:
+        varying = sorted(free_vars(s.cond) & self.thread_vars)
+        if varying and any(isinstance(c, Barrier) for c in walk_stmts(s)):
+            raise self.fail(
+                f"a barrier under `if {s.cond}`, which depends on thread index {', '.join(varying)}: the threads "
+                "that skip it never arrive; move the barrier out of the branch"
+            )
         cond = self.as_bool(s.cond)
         if s.orelse is None:
             with self.b.if_then(cond):
