@@ -154,7 +154,7 @@ def _tile_anchor(
     if ob is not None:
         s = s.split(out, ob, [block])
     outer = [f"{n}.0" if n in (ov, ob) else n for n in onames if n != ov] + [f"{ov}.0"]
-    depthwise = _depthwise_input(s, name)
+    depthwise = _depthwise_input(s, local)
     if depthwise is not None:  # N x F/b x H x W x b: the channel blocks inside the pixel tile
         outer = [outer[0], *outer[2:-1], outer[1], outer[-1]]
     else:  # the output's column blocks outside its row blocks, where that reads fewer bytes (_traffic)
@@ -163,7 +163,7 @@ def _tile_anchor(
         extents.update({f"{n}.0": a.extent // (lanes if n == ov else block) for n, a in zip(onames, out_axes)})
         axis_of = dict(zip(onames, [a.name for a in axes]))
         columns_first = [outer[-1], *outer[:-1]]
-        if _traffic(s, name, columns_first, extents, axis_of) < _traffic(s, name, outer, extents, axis_of):
+        if _traffic(s, local, columns_first, extents, axis_of) < _traffic(s, local, outer, extents, axis_of):
             outer = columns_first
     s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
     s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")

@@ -80,6 +80,23 @@ def _ref_depthwise_nchwc(x, w, stride=1, padding=0) -> np.ndarray:
     return out.reshape(n, cb, b, *out.shape[2:]).transpose(0, 1, 3, 4, 2)
 
 
+def depthwise_pointwise_nchwc(data: te.Tensor, w_dw: te.Tensor, w_pw: te.Tensor) -> te.Tensor:
+    """MobileNet's depthwise-then-project pair as fusion makes it one task: a 3x3 depthwise conv on NCHWc data, ReLU6,
+    then a 1x1 conv of the blocked result (weight F/b x C/cb x 1 x 1 x cb x b), the result kept blocked."""
+    dw = depthwise_conv2d_nchwc(data, w_dw, padding=1, out_blocked=True, name="dw")
+    relu6 = te.compute(
+        dw.shape,
+        lambda *i: te.minimum(te.maximum(dw[i], te.const(0.0, dw.dtype)), te.const(6.0, dw.dtype)),
+        name="relu6",
+    )
+    return conv2d_nchw_blocked(relu6, w_pw, out_blocked=True, name="project")
+
+
+def _ref_depthwise_pointwise(x, w_dw, w_pw) -> np.ndarray:
+    relu6 = np.clip(_ref_depthwise_nchwc(x, w_dw, padding=1), 0.0, 6.0)
+    return np.einsum("ncyxi,fcio->nfyxo", relu6, w_pw[:, :, 0, 0])
+
+
 def _ref_pool(x, kernel, stride, padding, kind: str, count_include_pad: bool = True) -> np.ndarray:
     x = np.asarray(x, np.float64)
     (kh, kw), (sh, sw) = _pair("ref", "kernel", kernel, 1), _pair("ref", "stride", stride, 1)
@@ -206,6 +223,14 @@ KERNELS: dict[str, KernelCase] = {
         _f64(lambda x: _ref_pool(x, 3, 2, 1, "max")),
         rtol=0.0,
         atol=0.0,
+    ),
+    # 9 taps into 16 channels of the 1x1 conv, through a ReLU6 (a task fusion makes of two convs): max err 1e-5
+    "depthwise_pointwise_nchwc": KernelCase(
+        (("data", (1, 2, 9, 9, 8)), ("w_dw", (2, 3, 3, 8)), ("w_pw", (2, 2, 1, 1, 8, 8))),
+        depthwise_pointwise_nchwc,
+        _f64(_ref_depthwise_pointwise),
+        rtol=1e-5,
+        atol=1e-4,
     ),
     # 9-term sums, then one division: max err 1.3e-7
     "avg_pool2d": KernelCase(
