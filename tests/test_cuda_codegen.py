@@ -1,8 +1,8 @@
-"""CUDA code generation: hand-written GPU loop IR (a vector add, a tiled GEMM with shared tiles and barriers, a cross-
-thread reduction, libdevice math, every GPU dtype) compiled to PTX and assembled by ptxas for sm_80 and sm_90; the
-same kernels' LLVM IR, and that of every core kernel's default GPU schedule, run on this CPU (threads as OS threads
-meeting at barriers) against numpy; the errors a GPU program can earn; ptxas's report parsing. No GPU is needed;
-ptxas comes from the nvidia-cuda-nvcc wheel of the dev extra."""
+"""CUDA code generation: hand-written GPU loop IR (a vector add, a tiled GEMM with shared tiles and barriers, a
+cross-thread reduction, libdevice math, every GPU dtype) compiled to PTX and assembled by ptxas for sm_80 and sm_90;
+the same kernels' LLVM IR, and that of every core kernel's default GPU schedule, run on this CPU (threads as OS
+threads meeting at barriers) against numpy; the errors a GPU program can earn; ptxas's report parsing. No GPU is
+needed; ptxas comes from the nvidia-cuda-nvcc wheel of the dev extra."""
 
 from __future__ import annotations
 
