@@ -19,26 +19,10 @@ from compiler.targets.cpu.codegen import compile_funcs
 from compiler.targets.cpu.default_schedule import default_schedule
 from compiler.targets.cpu.sketch import generate_sketches
 from compiler.tensor.tasks import plan_tasks
+from tests.test_winograd import _conv_node
 
 B = CONV_BLOCK
 PASS = "fuse_depthwise_pointwise"
-
-
-def _conv(name, x, out, cin, cout, rng, inits, k=1, stride=1, group=1):
-    inits[f"{name}_w"] = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype(
-        np.float32
-    )
-    inits[f"{name}_b"] = rng.standard_normal(cout).astype(np.float32)
-    p = k // 2
-    return helper.make_node(
-        "Conv",
-        [x, f"{name}_w", f"{name}_b"],
-        [out],
-        kernel_shape=[k, k],
-        pads=[p] * 4,
-        strides=[stride] * 2,
-        group=group,
-    )
 
 
 def inverted_residual(rng, hw=14, stride=1, project_k=1, dw_read_twice=False) -> onnx.ModelProto:
@@ -48,12 +32,12 @@ def inverted_residual(rng, hw=14, stride=1, project_k=1, dw_read_twice=False) ->
     c, e, inits = 2 * B, 6 * B, {}
     inits["lo"], inits["hi"] = np.array(0, np.float32), np.array(6, np.float32)
     nodes = [
-        _conv("stem", "x", "s", 3, c, rng, inits, k=3),
-        _conv("expand", "s", "e", c, e, rng, inits),
+        _conv_node("stem", "x", "s", inits, rng, 3, c),
+        _conv_node("expand", "s", "e", inits, rng, c, e, k=1),
         helper.make_node("Clip", ["e", "lo", "hi"], ["e6"]),
-        _conv("dw", "e6", "d", e, e, rng, inits, k=3, stride=stride, group=e),
+        _conv_node("dw", "e6", "d", inits, rng, e, e, stride=stride, group=e),
         helper.make_node("Clip", ["d", "lo", "hi"], ["d6"]),
-        _conv("project", "d6", "p", e, c, rng, inits, k=project_k),
+        _conv_node("project", "d6", "p", inits, rng, e, c, k=project_k),
     ]
     last = "p"
     if stride == 1:
