@@ -28,7 +28,7 @@ from compiler.targets.cuda.ptx import PtxasError, PtxasReport, assemble, find_pt
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.ops import KERNELS
-from compiler.tensor.te import Cast, Const, Load, Var
+from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Unary, Var
 
 
 def _has_ptxas() -> bool:
@@ -355,6 +355,34 @@ def test_every_gpu_dtype_converts_and_assembles():
     assembled(k)
 
 
+GPU_DTYPES = ("bool", "int8", "uint8", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64")
+
+
+def every_op_func(dtype: str) -> Func:
+    """Every binary op, intrinsic and cast te has, applied to two `dtype` buffers where te defines it."""
+    t = Var("t")
+    a, b = load("a", t, dtype), load("b", t, dtype)
+    is_int, is_float = dtype.startswith(("int", "uint")), dtype.startswith("float")
+    exprs: list[Expr] = [Binary(op, a, b) for op in te.COMPARE]
+    exprs += [Binary(op, a, b) for op in te.ARITH if (is_int or op not in ("shl", "shr"))
+              and (dtype != "bool" or op in ("add", "sub", "mul", "min", "max"))]  # fmt: skip
+    exprs += [Binary(op, a, b) for op in te.LOGIC if dtype == "bool"]
+    unary = [op for op in te.INTRINSICS if op != "not"] if is_float else ["abs", "neg", "floor", "not"]
+    exprs += [Unary(op, a) for op in unary]
+    exprs += [Cast(other, a) for other in GPU_DTYPES if other != dtype]
+    outs = tuple(Buffer(f"out{k}", e.dtype, (64,)) for k, e in enumerate(exprs))
+    stores = [Store(o.name, t, e) for o, e in zip(outs, exprs)]
+    params = (Buffer("a", dtype, (64,)), Buffer("b", dtype, (64,)), *outs)
+    return Func(f"every_op_{dtype}", params, For(t, 64, "threadIdx.x", seq(*stores)))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_every_op_and_cast_of_every_dtype_assembles(dtype):
+    (k,) = compile_func(every_op_func(dtype), SM_80).kernels
+    assembled(k)
+
+
 @needs_ptxas
 def test_global_intermediates_share_one_workspace_across_launches():
     program = compile_func(two_launch_func(), SM_90)
@@ -474,6 +502,7 @@ def test_gpu_programs_a_gpu_cannot_run_are_refused_with_the_reason():
     store = Store("x", t, Const(1.0, "float32"))
     cases = [
         (Func("par", x, For(t, 64, "parallel", store)), "parallel, a CPU loop kind"),
+        (Func("notf", x, For(t, 64, "threadIdx.x", Store("x", t, Unary("not", load("x", t))))), "bool or integer"),
         (Func("big", x, _bound("threadIdx.x", 2048, store)), "block dimension x is 2048"),
         (Func("many", x, _bound("threadIdx.x", 64, _bound("threadIdx.y", 32, store, "u"))), "2048 threads"),
         (Func("nested", x, _bound("threadIdx.x", 64, _bound("threadIdx.x", 32, store, "u"))), "inside a loop bound"),

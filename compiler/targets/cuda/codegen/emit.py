@@ -411,6 +411,8 @@ class KernelEmitter:
             return b.fcmp_unordered("!=", v, zero) if _is_float(src) else b.icmp_unsigned("!=", v, zero)
         if _is_float(src) and _is_float(dst):
             return b.fpext(v, ty) if _bits(dst) > _bits(src) else b.fptrunc(v, ty)
+        if src == "float16":  # half to an integer through float32 (2^63 has no half)
+            v, src = b.fpext(v, _SCALAR["float32"]), "float32"
         if _is_float(src):
             if _bits(dst) < 32:  # through i32, so an out-of-range value wraps as numpy's does on x86
                 return b.trunc(b.fptosi(v, I32), ty)
@@ -539,6 +541,8 @@ class KernelEmitter:
         x = self.convert(self.expr(e.a), e.a.dtype, work)
         bld = self.b
         if op == "not":
+            if _is_float(dt):
+                raise self.fail(f"not({e.a}) needs a bool or integer operand, got {dt}")
             return bld.not_(x)
         if not _is_float(dt):
             if op == "neg":
