@@ -24,7 +24,7 @@ from compiler.targets.cuda.codegen import libdevice as libdevice_mod
 from compiler.targets.cuda.codegen.launch import LaunchShape, launch_shape
 from compiler.targets.cuda.codegen.memory import split_launches
 from compiler.targets.cuda.default_schedule import default_schedule
-from compiler.targets.cuda.ptx import PtxasError, PtxasReport, assemble, find_ptxas, parse_report
+from compiler.targets.cuda.ptx import PtxasError, PtxasReport, assemble, assemble_program, find_ptxas, parse_report
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.ops import KERNELS
@@ -391,7 +391,9 @@ def test_global_intermediates_share_one_workspace_across_launches():
     assert all(k.takes_workspace for k in program.kernels)
     for k in program.kernels:
         assert k.ptx.count(".param .u64") == 3  # x, out, workspace
-        assembled(k)
+    cubins = assemble_program(program)
+    assert [c.kernel for c in cubins] == ["two_launch0", "two_launch1"]
+    assert all(c.image.startswith(b"\x7fELF") and c.report.arch == "sm_90" for c in cubins)
 
 
 def _wrap32(x: int) -> int:

@@ -16,8 +16,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compiler.base.errors import BuildError, MissingExtra
+
+if TYPE_CHECKING:
+    from compiler.targets.cuda.codegen import GpuProgram
 
 PTXAS_TIMEOUT_S = 300.0
 
@@ -141,3 +145,21 @@ def assemble(ptx: str, kernel: str, arch: str) -> tuple[bytes, PtxasReport]:
         if kernel not in reports:
             raise PtxasError(kernel, arch, f"ptxas assembled the PTX but reported no entry {kernel!r}:\n{output}")
         return out.read_bytes(), reports[kernel]
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """One kernel assembled: its entry name, the cubin the driver loads without compiling, and ptxas's report."""
+
+    kernel: str
+    image: bytes
+    report: PtxasReport
+
+
+def assemble_program(program: GpuProgram) -> tuple[Cubin, ...]:
+    """Every kernel launch of a compiled GPU program assembled for the architecture it was generated for."""
+    out = []
+    for k in program.kernels:
+        image, report = assemble(k.ptx, k.name, k.arch.name)
+        out.append(Cubin(k.name, image, report))
+    return tuple(out)

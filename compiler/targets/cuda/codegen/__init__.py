@@ -77,9 +77,10 @@ def arch_for(compute_capability: tuple[int, int]) -> GpuArch:
 
 @dataclass(frozen=True)
 class CudaKernel:
-    """One compiled kernel launch: PTX text with the entry `name`, launched on `grid` blocks of `block` threads with
-    `shared_bytes` of static shared memory. Its arguments are pointers to `params`' buffers in order (each on
-    PARAM_ALIGN bytes), then, when its program has a workspace, a pointer to it."""
+    """One compiled kernel launch: PTX text with the entry `name`, launched on `grid` blocks of `block` threads.
+    `shared_bytes` is the static shared memory the PTX declares (a launch adds no dynamic shared memory). Its
+    arguments are pointers to `params`' buffers in order (each on PARAM_ALIGN bytes), then, when its program has a
+    workspace, a pointer to it."""
 
     name: str
     ptx: str
