@@ -25,6 +25,7 @@ from compiler.targets.cuda.schedule_rules import (
     bind_flat,
     launch_resources,
     multi_level_tile,
+    needs_binding,
 )
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG
@@ -66,33 +67,36 @@ def store_count(s) -> int:
 @st.composite
 def gpu_schedule(draw, dag: ComputeDAG) -> State:
     """A random legal GPU schedule: each elementwise intermediate inlined or not, each GEMM/conv tiled "SSSRRSRS"
-    (random vthread, thread, middle and inner tiles, shared inputs or not) or bound flat, the rest bound flat
-    with a random block size."""
+    (random vthread, thread, middle and inner tiles; shared inputs or not, fetched in vectors of 1-4; unrolled or
+    not; fused into its elementwise consumer or not) or bound flat, the rest bound flat with a random block size."""
     s = initial_state(dag)
     for stage in reversed(s.stages):
         op = stage.op
         if not (op.is_placeholder or op.reduce_axes or dag.is_output(op.name)) and draw(st.booleans()):
             s = s.compute_inline(op.name)
-    tiled: set[str] = set()
     for name in anchors(s):
         if not draw(st.booleans()):
             continue
         op = s.stage(name).op
-        spatial = tuple(
-            (
-                draw(st.sampled_from((1, 2))),
-                draw(st.sampled_from((1, 2, 4, 8))),
-                draw(st.sampled_from((1, 2))),
-                draw(st.sampled_from((1, 2, 3))),
-            )
-            for _ in op.axes
+        sizes = (
+            st.sampled_from((1, 2)),
+            st.sampled_from((1, 2, 4, 8)),
+            st.sampled_from((1, 2)),
+            st.sampled_from((1, 2, 3)),
         )
+        spatial = tuple(tuple(draw(d) for d in sizes) for _ in op.axes)
         reduce = tuple((draw(st.sampled_from((1, 2, 4))), draw(st.sampled_from((1, 3)))) for _ in op.reduce_axes)
-        before = {st_.name for st_ in s.stages}
-        s = multi_level_tile(s, name, Tiling(spatial, reduce, shared=draw(st.booleans())))
-        tiled |= {name} | ({st_.name for st_ in s.stages} - before)
+        tiling = Tiling(
+            spatial,
+            reduce,
+            shared=draw(st.booleans()),
+            vector=draw(st.sampled_from((1, 2, 4))),
+            unroll=draw(st.sampled_from((0, 16, 64))),
+            fuse_consumer=draw(st.booleans()),
+        )
+        s = multi_level_tile(s, name, tiling)
     for stage in s.stages:
-        if not (stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled):
+        if needs_binding(s, stage.name):
             s = bind_flat(s, stage.name, draw(st.sampled_from((1, 3, 32, 64, 256))))
     return s
 
@@ -325,3 +329,15 @@ def test_default_gpu_schedule_assembles(name):
     for kernel in program.kernels:
         _, report = ptx.assemble(kernel.ptx, kernel.name, "sm_90")
         assert report.shared_bytes <= GpuParams().max_shared_bytes and not report.spills, report
+
+
+def test_a_one_element_fill_runs_on_one_thread():
+    """A fill whose thread loop shrinks to one iteration is still bound: thread 0 writes the element, not every
+    thread of the block (a race)."""
+    s = initial_state(DAGS["matmul"]).cache_write("matmul", "local").cache_read("B", "shared", ["matmul.local"])
+    s = s.split("matmul", 0, [4]).annotate("matmul", 0, "blockIdx.x").annotate("matmul", 1, "threadIdx.x")
+    s = s.compute_at("matmul.local", "matmul", 1).compute_at("B.shared", "matmul.local", 2)
+    s = s.fuse("B.shared", [0, 1]).split("B.shared", 0, [4]).annotate("B.shared", 1, "threadIdx.x")
+    fill = [a for a in walk_stmts(lower(s).body) if isinstance(a, Allocate) and a.scope == "shared"][0].body.stmts[1]
+    assert isinstance(fill, IfThenElse) and str(fill.cond) == "(i.1 < 1)", fill
+    check_numerics("matmul", s)

@@ -414,9 +414,11 @@ def _guard(cond: Expr | None, stmt: Stmt) -> Stmt:
 
 
 def _loop(v: Var, extent: int, annotation: str, body: Stmt, llvm_unroll: bool = False) -> Stmt:
-    if extent == 1:
-        return body  # the simplifier turns v into 0 (its range is [0, 0])
     kind = LOOP_KIND[annotation]
+    # the simplifier turns v into 0 (its range is [0, 0]); a loop bound to a GPU index stays, as only the index's
+    # first thread (or block) runs its body
+    if extent == 1 and kind not in BLOCK_KINDS + THREAD_KINDS:
+        return body
     return For(v, extent, kind, body, llvm_unroll=llvm_unroll and kind == "unrolled")
 
 

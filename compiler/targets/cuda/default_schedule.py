@@ -16,6 +16,7 @@ from compiler.targets.cuda.schedule_rules import (
     default_tiling,
     inline_elementwise,
     multi_level_tile,
+    needs_binding,
 )
 from compiler.tensor.dag import ComputeDAG
 
@@ -24,13 +25,9 @@ def default_schedule(dag: ComputeDAG, params: GpuParams | None = None) -> State:
     """The rule-based GPU schedule of `dag` within `params`' limits (default: an H100/H200's)."""
     params = params or GpuParams()
     s = inline_elementwise(initial_state(dag))
-    tiled: set[str] = set()
     for name in anchors(s):
-        before = {st.name for st in s.stages}
         s = multi_level_tile(s, name, default_tiling(s.stage(name).op, params))
-        tiled |= {name} | ({st.name for st in s.stages} - before)
     for stage in s.stages:
-        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
-            continue
-        s = bind_flat(s, stage.name, params.threads_per_block)
+        if needs_binding(s, stage.name):
+            s = bind_flat(s, stage.name, params.threads_per_block)
     return s

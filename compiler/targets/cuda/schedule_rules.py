@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from compiler.base import dtypes
 from compiler.schedule.gpu_interp import split_launches
 from compiler.schedule.loopir import THREAD_KINDS, Allocate, For, Func, walk_stmts
-from compiler.schedule.state import State
-from compiler.tensor.dag import Op
+from compiler.schedule.state import GPU_ANNOTATIONS, State
+from compiler.tensor import te
+from compiler.tensor.dag import Op, at_own_index
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,17 @@ class GpuParams:
 @dataclass(frozen=True)
 class Tiling:
     """Tile sizes of "SSSRRSRS": per spatial axis (vthread, thread, middle, inner) extents (the block level takes
-    the rest), per reduction axis (middle, inner) extents (the outer level takes the rest); `shared` caches the
-    anchor's inputs in shared memory."""
+    the rest), per reduction axis (middle, inner) extents (the outer level takes the rest). `shared` caches the
+    anchor's inputs in shared memory, each thread fetching `vector` neighbouring elements at a time; `unroll` is
+    the accumulating stage's auto_unroll_max_step; `fuse_consumer` tiles the anchor's elementwise consumer (where it
+    has one) and computes the anchor in each thread's registers there, instead of caching its writes."""
 
     spatial: tuple[tuple[int, int, int, int], ...]
     reduce: tuple[tuple[int, int], ...]
     shared: bool = True
+    vector: int = 1
+    unroll: int = 0
+    fuse_consumer: bool = True
 
 
 def inline_elementwise(s: State) -> State:
@@ -66,34 +72,53 @@ def bind_flat(s: State, name: str, threads: int) -> State:
     return s.split(name, 0, [threads]).annotate(name, 0, "blockIdx.x").annotate(name, 1, "threadIdx.x")
 
 
+def fusible_consumer(s: State, name: str) -> str | None:
+    """The elementwise stage at the root that is `name`'s only consumer and reads it at its own index (a conv's bias
+    and ReLU), if there is one."""
+    consumers = s.consumers(name)
+    if len(consumers) != 1:
+        return None
+    c = s.stage(consumers[0])
+    if c.compute_at != "root" or c.op.reduce_axes or c.op.shape != s.stage(name).op.shape:
+        return None
+    loads = [ld for ld in te.loads(s.resolve_inlined(c.op.body)) if ld.buffer == name]
+    return c.name if all(at_own_index(ld, c.op.axes) for ld in loads) else None
+
+
 def multi_level_tile(s: State, name: str, tiling: Tiling) -> State:
     """Ansor's GPU tiling of a reduction with data reuse (GEMM, conv): `name` computed into a `<name>.local` stage
-    tiled "RRSRS" inside the thread loop of `name`'s "SSS" levels (blockIdx.x, vthread, threadIdx.x), and with
+    (or, with `tiling.fuse_consumer` and a fusible consumer, `name` itself computed for that consumer) tiled
+    "RRSRS" inside the thread loop of the output's "SSS" levels (blockIdx.x, vthread, threadIdx.x), and with
     `tiling.shared` each input of the reduction cached in shared memory at the outer reduction loop, its copy
-    loops fused, split by the block's threads and bound to threadIdx.x."""
+    loops fused, split by the block's threads (and `tiling.vector`) and bound to threadIdx.x."""
     op = s.stage(name).op
     if len(tiling.spatial) != len(op.axes) or len(tiling.reduce) != len(op.reduce_axes):
         raise ValueError(
             f"{name} has {len(op.axes)} spatial and {len(op.reduce_axes)} reduction axes; the tiling gives "
             f"{len(tiling.spatial)} and {len(tiling.reduce)}"
         )
-    s = s.cache_write(name, "local")
-    local = f"{name}.local"
+    consumer = fusible_consumer(s, name) if tiling.fuse_consumer else None
+    if consumer is not None:
+        outer, local = consumer, name
+    else:
+        s = s.cache_write(name, "local")
+        outer, local = name, f"{name}.local"
     inputs = list(dict.fromkeys(s.stage(local).op.reads)) if tiling.shared and op.reduce_axes else []
     for src in inputs:
         s = s.cache_read(src, "shared", [local])
-    axes = [a.name for a in op.axes]
-    for a, (vt, t, mid, inner) in zip(axes, tiling.spatial):
-        s = s.split(name, a, [vt, t, mid * inner])
-    levels = [[f"{a}.{k}" for a in axes] for k in range(4)]
-    s = _reorder(s, name, [n for level in levels for n in level])
-    n = len(axes)
+    outer_axes = [a.name for a in s.stage(outer).op.axes]
+    for a, (vt, t, mid, inner) in zip(outer_axes, tiling.spatial):
+        s = s.split(outer, a, [vt, t, mid * inner])
+    levels = [[f"{a}.{k}" for a in outer_axes] for k in range(4)]
+    s = _reorder(s, outer, [n for level in levels for n in level])
+    n = len(outer_axes)
     for level, binding in enumerate(("blockIdx.x", "vthread", "threadIdx.x")):
         if n > 1:
-            s = s.fuse(name, list(range(level, level + n)))
-        s = s.annotate(name, level, binding)
-    s = s.compute_at(local, name, 2)
-    threads = s.stage(name).iters[2].extent  # what splitting left of the thread tiles (an axis may be shorter)
+            s = s.fuse(outer, list(range(level, level + n)))
+        s = s.annotate(outer, level, binding)
+    s = s.compute_at(local, outer, 2)
+    threads = s.stage(outer).iters[2].extent  # what splitting left of the thread tiles (an axis may be shorter)
+    axes = [a.name for a in op.axes]
 
     reduce = [r.name for r in op.reduce_axes]
     for a, (_, _, _, inner) in zip(axes, tiling.spatial):
@@ -108,13 +133,19 @@ def multi_level_tile(s: State, name: str, tiling: Tiling) -> State:
         + [f"{a}.1" for a in axes]
     )
     s = _reorder(s, local, order)
+    if tiling.unroll:
+        s = s.pragma_unroll(local, tiling.unroll)
     for src in inputs:
         cache = f"{src}.shared"
         s = s.compute_at(cache, local, len(reduce) - 1)
         dims = len(s.stage(cache).iters)
         if dims > 1:
             s = s.fuse(cache, list(range(dims)))
-        s = s.split(cache, 0, [threads]).annotate(cache, 1, "threadIdx.x")
+        if tiling.vector > 1:
+            s = s.split(cache, 0, [threads, tiling.vector]).annotate(cache, 2, "vectorize")
+        else:
+            s = s.split(cache, 0, [threads])
+        s = s.annotate(cache, 1, "threadIdx.x")
     return s
 
 
@@ -130,6 +161,16 @@ def anchors(s: State) -> list[str]:
         for st in s.stages
         if st.compute_at == "root" and st.op.reduce_axes and s.dag.needs_multi_level_tiling(st.name)
     ]
+
+
+def needs_binding(s: State, name: str) -> bool:
+    """Whether the stage still runs on the host's terms: computed at the root and no loop bound to the GPU."""
+    stage = s.stage(name)
+    return (
+        not stage.op.is_placeholder
+        and stage.compute_at == "root"
+        and not any(it.annotation in GPU_ANNOTATIONS for it in stage.iters)
+    )
 
 
 def default_tiling(op: Op, params: GpuParams) -> Tiling:
