@@ -341,3 +341,32 @@ def test_a_one_element_fill_runs_on_one_thread():
     fill = [a for a in walk_stmts(lower(s).body) if isinstance(a, Allocate) and a.scope == "shared"][0].body.stmts[1]
     assert isinstance(fill, IfThenElse) and str(fill.cond) == "(i.1 < 1)", fill
     check_numerics("matmul", s)
+
+
+def test_default_schedule_shrinks_its_tiles_to_fit_shared_memory():
+    params = GpuParams(max_shared_bytes=1024)
+    state = default_schedule(DAGS["conv2d"], params)
+    assert [r.fits(params) for r in launch_resources(lower(state))] == [True]
+    assert [
+        r.fits(GpuParams(max_shared_bytes=1024)) for r in launch_resources(lower(default_schedule(DAGS["conv2d"])))
+    ] == [False]
+    check_numerics("conv2d", state)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_gpu_schedule_assembles(name, data):
+    """Random GPU schedules go through the CUDA code generator to PTX that ptxas accepts."""
+    codegen = pytest.importorskip("compiler.targets.cuda.codegen")
+    from compiler.base.errors import MissingExtra
+    from compiler.targets.cuda import ptx
+
+    try:
+        ptx.find_ptxas()
+    except MissingExtra as e:
+        pytest.skip(str(e))
+    func = lower(data.draw(gpu_schedule(DAGS[name])), name)
+    assume(all(r.fits(GpuParams()) for r in launch_resources(func)))
+    for kernel in codegen.compile_func(func).kernels:
+        ptx.assemble(kernel.ptx, kernel.name, "sm_90")

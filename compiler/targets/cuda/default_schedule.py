@@ -8,15 +8,20 @@ the block size and bound to blockIdx.x / threadIdx.x, its reduction loops serial
 
 from __future__ import annotations
 
+from compiler.base.errors import LoweringError
+from compiler.schedule.lower import lower
 from compiler.schedule.state import State, initial_state
 from compiler.targets.cuda.schedule_rules import (
     GpuParams,
+    Tiling,
     anchors,
     bind_flat,
     default_tiling,
     inline_elementwise,
+    launch_resources,
     multi_level_tile,
     needs_binding,
+    smaller,
 )
 from compiler.tensor.dag import ComputeDAG
 
@@ -26,8 +31,19 @@ def default_schedule(dag: ComputeDAG, params: GpuParams | None = None) -> State:
     params = params or GpuParams()
     s = inline_elementwise(initial_state(dag))
     for name in anchors(s):
-        s = multi_level_tile(s, name, default_tiling(s.stage(name).op, params))
+        s = _tile_within_limits(s, name, params)
     for stage in s.stages:
         if needs_binding(s, stage.name):
             s = bind_flat(s, stage.name, params.threads_per_block)
     return s
+
+
+def _tile_within_limits(s: State, name: str, params: GpuParams) -> State:
+    """`name` tiled by default_tiling, made smaller until its kernel's block and shared memory fit `params`."""
+    tiling: Tiling | None = default_tiling(s.stage(name).op, params)
+    while tiling is not None:
+        tiled = multi_level_tile(s, name, tiling)
+        if all(r.fits(params) for r in launch_resources(lower(tiled))):
+            return tiled
+        tiling = smaller(tiling)
+    raise LoweringError(f"no tiling of {name} fits {params.max_shared_bytes} bytes of shared memory per block")

@@ -11,7 +11,7 @@ and threadIdx.x) for everything else. `launch_resources` reads what a lowered pr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.base import dtypes
 from compiler.schedule.gpu_interp import split_launches
@@ -174,21 +174,42 @@ def needs_binding(s: State, name: str) -> bool:
 
 
 def default_tiling(op: Op, params: GpuParams) -> Tiling:
-    """Tile sizes that suit most GEMMs and convs: up to 16x16 threads on the innermost two spatial axes, each
-    computing up to 2x2 outputs, a reduction step of up to 8 on the first reduction axis and whole windows on the
-    others; halved along the reduction while the shared tiles would not fit."""
+    """Tile sizes that suit most GEMMs and convs: `params.threads_per_block` threads, up to 16 per spatial axis from
+    the innermost out, each thread computing up to 4 outputs along each of the innermost two axes long enough for
+    it; a reduction step of up to 8 on the first reduction axis and whole windows on the others (`smaller` shrinks
+    it where the shared tiles do not fit)."""
     threads_left = params.threads_per_block
     spatial: list[tuple[int, int, int, int]] = [(1, 1, 1, 1)] * len(op.axes)
     for d in reversed(range(len(op.axes))):
         extent = op.axes[d].extent
         t = min(16, threads_left, _pow2_at_most(extent))
-        inner = 2 if extent >= 4 * t else 1
+        inner = 1
+        if d >= len(op.axes) - 2:
+            inner = 4 if extent >= 8 * t else 2 if extent >= 4 * t else 1
         spatial[d] = (1, t, 1, inner)
         threads_left //= t
-        if threads_left == 1 or d <= len(op.axes) - 2:
-            break
     reduce = [(min(8, r.extent), 1) if k == 0 else (r.extent, 1) for k, r in enumerate(op.reduce_axes)]
     return Tiling(tuple(spatial), tuple(reduce))
+
+
+def smaller(tiling: Tiling) -> Tiling | None:
+    """The tiling one step smaller, in what it keeps in shared memory: the largest reduction step halved, else each
+    thread's outputs, else the threads of the largest thread tile halved; None where every tile is 1."""
+    reduce = list(tiling.reduce)
+    k = max(range(len(reduce)), key=lambda i: reduce[i][0] * reduce[i][1], default=None)
+    if k is not None and reduce[k][0] * reduce[k][1] > 1:
+        mid, inner = reduce[k]
+        reduce[k] = (mid // 2, inner) if mid > 1 else (mid, inner // 2)
+        return replace(tiling, reduce=tuple(reduce))
+    spatial = list(tiling.spatial)
+    if any(mid * inner > 1 for _, _, mid, inner in spatial):
+        return replace(tiling, spatial=tuple((vt, t, 1, 1) for vt, t, _, _ in spatial))
+    k = max(range(len(spatial)), key=lambda i: spatial[i][1], default=None)
+    if k is not None and spatial[k][1] > 1:
+        vt, t, mid, inner = spatial[k]
+        spatial[k] = (vt, t // 2, mid, inner)
+        return replace(tiling, spatial=tuple(spatial))
+    return None
 
 
 def _pow2_at_most(n: int) -> int:
