@@ -7,9 +7,13 @@ from compiler.base.errors import InvalidTarget
 from compiler.base.target import Target
 from compiler.targets import cpu
 from compiler.targets.backend import Backend
+from compiler.targets.cpu.target_parse import KINDS as CPU_KINDS
+from compiler.targets.cuda import backend as cuda
+from compiler.targets.cuda.target import is_cuda
 
 BACKENDS: dict[str, Backend] = {
     "cpu": cpu.BACKEND,
+    "cuda": cuda.BACKEND,
 }
 
 
@@ -28,8 +32,17 @@ def host_target() -> Target:
 
 def parse_target(text: str, host: Target | None = None) -> Target:
     """The Target a tvmc/TVM target string names: "llvm" (this host's CPU), "llvm -mcpu=NAME -mattr=+a,-b" (any CPU
-    LLVM knows, features edited; cores and caches are `host`'s). Raises InvalidTarget naming what is wrong
-    (compiler/targets/cpu/target_parse.py)."""
+    LLVM knows, features edited; cores and caches are `host`'s), "cuda" or "cuda -arch=sm_80|sm_90" (NVIDIA GPUs,
+    sm_90 by default; `host` is not consulted). Raises InvalidTarget naming what is wrong
+    (compiler/targets/cpu/target_parse.py, compiler/targets/cuda/target.py)."""
+    if is_cuda(text):
+        return cuda.BACKEND.parse_target(text)
+    kind = text.split()[0] if text.split() else ""
+    if kind and kind.lower() not in CPU_KINDS:
+        raise InvalidTarget(
+            f"target kind {kind!r} is not supported: tilefarm generates code for CPUs (llvm [-mcpu=NAME] "
+            "[-mattr=+a,-b]) and NVIDIA GPUs (cuda [-arch=sm_80|sm_90])"
+        )
     return cpu.BACKEND.parse_target(text, host)
 
 

@@ -1,0 +1,155 @@
+"""Building and measuring CUDA candidates. `CudaBuilder` replays each candidate's steps, lowers it, generates PTX
+(codegen.compile_func) and assembles every kernel with ptxas, in a pool of worker processes; its results keep each
+kernel's ptxas report (registers, shared memory, spills). `CudaRunner` times built kernels on a GPU; on a host
+without the NVIDIA driver it refuses, naming what is missing."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.base.errors import InvalidTarget, TilefarmError
+from compiler.base.target import Target
+from compiler.costs.measure import BUILD, BUILD_TIMEOUT, INSTANTIATION, BuildResult, MeasureInput, MeasureResult
+from compiler.costs.records import WARM
+from compiler.schedule.lower import lower
+from compiler.schedule.state import Step, apply_steps
+from compiler.targets.cuda.codegen import compile_func
+from compiler.targets.cuda.ptx import Cubin, PtxasReport, assemble_program
+from compiler.targets.cuda.target import arch_of, check_runs_here, cuda_target
+from compiler.tensor.dag import ComputeDAG
+
+
+@dataclass(frozen=True)
+class CudaBuildResult(BuildResult):
+    """A built candidate: `path` holds its pickled `BuiltProgram`; `reports` is ptxas's word on each kernel."""
+
+    reports: tuple[PtxasReport, ...] = ()
+
+    @property
+    def spills(self) -> bool:
+        return any(r.spills for r in self.reports)
+
+
+@dataclass(frozen=True)
+class BuiltProgram:
+    """What the runner loads: each kernel's launch (codegen.CudaKernel, PTX included) and its cubin."""
+
+    kernels: tuple
+    cubins: tuple[Cubin, ...]
+    workspace_bytes: int
+
+
+def build_one(dag: ComputeDAG, steps: tuple[Step, ...], path: str, target: Target) -> CudaBuildResult:
+    """One candidate built into `path`; failures are results (INSTANTIATION: the steps do not replay; BUILD:
+    lowering, code generation or ptxas refused it, with the message)."""
+    t0 = time.perf_counter()
+    try:
+        state = apply_steps(dag, list(steps))
+    except TilefarmError as e:
+        return CudaBuildResult(None, INSTANTIATION, str(e), time.perf_counter() - t0)
+    try:
+        program = compile_func(lower(state), arch_of(target))
+        cubins = assemble_program(program)
+    except (TilefarmError, ValueError) as e:
+        return CudaBuildResult(None, BUILD, str(e), time.perf_counter() - t0)
+    Path(path).write_bytes(pickle.dumps(BuiltProgram(program.kernels, cubins, program.workspace_bytes)))
+    reports = tuple(c.report for c in cubins)
+    message = "; ".join(str(r) for r in reports)
+    return CudaBuildResult(path, None, message, time.perf_counter() - t0, reports)
+
+
+class CudaBuilder:
+    """Builds candidates for a cuda `target` (default: sm_90) in `n_parallel` worker processes (default: the CPUs),
+    each within `timeout` seconds; needs ptxas, not a GPU. A context manager (close() removes the built files)."""
+
+    def __init__(
+        self,
+        n_parallel: int | None = None,
+        timeout: float = 60.0,
+        workdir: str | Path | None = None,
+        target: Target | None = None,
+    ):
+        self.target = target or cuda_target()
+        arch_of(self.target)  # InvalidTarget for one that is not a CUDA target
+        self.n_parallel = n_parallel or os.cpu_count() or 1
+        self.timeout = timeout
+        self._own_dir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="tilefarm-cuda-build-") if workdir is None else workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._own_dir:
+            weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
+        # forkserver, not fork: the parent may hold llvmlite state and threads
+        self._pool = cf.ProcessPoolExecutor(self.n_parallel, mp_context=multiprocessing.get_context("forkserver"))
+        self._count = 0
+
+    def build(self, inputs: list[MeasureInput]) -> list[BuildResult]:
+        jobs = []
+        for inp in inputs:
+            self._count += 1
+            path = str(self.workdir / f"c{self._count}.cuda")
+            jobs.append(self._pool.submit(build_one, inp.task.dag, tuple(inp.steps), path, self.target))
+        # the pool runs n_parallel at a time: the batch gets each one's timeout per round of them
+        rounds = -(-len(jobs) // self.n_parallel)
+        done, _ = cf.wait(jobs, timeout=self.timeout * max(1, rounds))
+        results: list[BuildResult] = []
+        for job in jobs:
+            if job not in done:
+                job.cancel()
+                results.append(CudaBuildResult(None, BUILD_TIMEOUT, f"no build within {self.timeout:.0f} s", 0.0))
+                continue
+            try:
+                results.append(job.result())
+            except Exception as e:  # the worker died (out of memory, killed): the build failed, not the search
+                results.append(CudaBuildResult(None, BUILD, f"the build process failed: {e!r}", 0.0))
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> CudaBuilder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CudaRunner:
+    """Times built CUDA candidates on this host's GPU. `options` are the CPU runner's (repeat, number,
+    min_repeat_ms, timeout, …), kept for the GPU runner. Without the NVIDIA driver, run() raises InvalidTarget
+    (target.no_driver_message); with it, run() raises too, naming the driver-API runner that is not built yet."""
+
+    def __init__(self, target: Target | None = None, **options):
+        self.target = target or cuda_target()
+        self.options = options
+
+    @property
+    def cache(self) -> str:
+        return WARM
+
+    def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
+        check_runs_here(self.target)
+        raise InvalidTarget(
+            "this host has a CUDA driver, but tilefarm's GPU runner (one process per GPU holding its context, "
+            "kernels loaded from the built cubins, timed with CUDA events and checked against the CPU reference: "
+            "issue 51, item 3) is not built yet; the candidates were built and assembled, none was measured"
+        )
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> CudaRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
