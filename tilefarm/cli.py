@@ -172,12 +172,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _check_target(target: str, runs_here: bool = False) -> Target:
-    """The Target of a tvmc target string ("llvm -mcpu=broadwell -mattr=-fma"); with `runs_here` (tuning measures
-    here), one this host can run the code of, or InvalidTarget names what it lacks."""
+    """The Target of a tvmc target string ("llvm -mcpu=broadwell -mattr=-fma", "cuda -arch=sm_80"); with `runs_here`
+    (tuning measures here), a CPU target this host can run the code of, or InvalidTarget names what it lacks. Another
+    kind's runner refuses when it is asked to measure, after the search and the builder ran: a GPU's kernels are
+    generated and checked by ptxas on any host."""
     from compiler.targets import check_runs_here, parse_target
 
     parsed = parse_target(target)
-    if runs_here:
+    if runs_here and parsed.kind == host_target().kind:
         check_runs_here(parsed)
     return parsed
 
@@ -349,7 +351,7 @@ def _open_database(url: str):
 def _run_tuning(tasks, args: argparse.Namespace, choices=(), graph=None) -> int:
     from compiler.costs.records import JSONLinesDatabase
     from compiler.search.task_scheduler import TaskScheduler
-    from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+    from compiler.targets import backend_for
     from tilefarm.progress import TuneProgress, budget_note, estimate_line
 
     target = _check_target(getattr(args, "target", "llvm"), runs_here=True)  # tune-kernel has no --target
@@ -363,9 +365,10 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=(), graph=None) -> int:
         _take_prior(db, args, where)
     progress = TuneProgress(args.trials, args.time_budget)
     model = _cost_model(args, db if args.database else None, target)
+    backend = backend_for(target)
     with (
-        LocalBuilder(target=target) as builder,
-        LocalRunner(
+        backend.builder(target=target) as builder,
+        backend.runner(
             repeat=args.repeat,
             number=args.number,
             min_repeat_ms=args.min_repeat_ms,
@@ -408,8 +411,8 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=(), graph=None) -> int:
 def _model_timer(graph, db, target, args: argparse.Namespace):
     """What times the model compiled with the records so far while it is tuned (TaskScheduler's model_timer): a model
     tuned on this host, unless --no-model-timing; None for a kernel (tune-kernel has no model)."""
-    if graph is None or getattr(args, "no_model_timing", False):
-        return None
+    if graph is None or getattr(args, "no_model_timing", False) or target.kind != host_target().kind:
+        return None  # a model for another kind of hardware (a GPU) does not run on this host's CPU
     from compiler.artifact.in_model import time_in_model
 
     disabled = tuple(args.disable_pass or ())
@@ -597,7 +600,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help=cmd_compile.__doc__)
     c.add_argument("model")
     c.add_argument("--input-shapes", help='fix symbolic dims, e.g. "input:[1,3,224,224],mask:[1,128]"')
-    c.add_argument("--target", default="llvm", help="code generation target (this host's CPU: llvm)")
+    c.add_argument(
+        "--target",
+        default="llvm",
+        help="code generation target: llvm (this host's CPU), llvm -mcpu=NAME, cuda [-arch=sm_80|sm_90]",
+    )
     rec = c.add_mutually_exclusive_group()
     rec.add_argument("--records", help="tuning records (JSON lines): the best per task replaces the default schedule")
     rec.add_argument("--tuning-records", dest="records", metavar="RECORDS", help="tvmc's name for --records")
@@ -655,7 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "tune":
             t.add_argument("model")
             t.add_argument("--input-shapes")
-            t.add_argument("--target", default="llvm", help="the target to tune for (this host's CPU: llvm)")
+            t.add_argument(
+                "--target",
+                default="llvm",
+                help="the target to tune for: llvm (this host's CPU), cuda [-arch=sm_80|sm_90]",
+            )
             _model_format_option(t)
             _disable_pass_option(t)
             t.add_argument(

@@ -180,16 +180,18 @@ def build(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         entry = entry_source(optimized, calls, layout, arity, scratch, workspace)
-        backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name, target=host)
+        library = backend.link_artifact(funcs, entry, blob.getvalue(), tmp, name, target=host).name
         t3 = time.perf_counter()
         phase("pack the artifact")
         (tmp / f"{name}.h").write_text(_header(optimized, name))
-        files = [f"{name}.so", f"{name}.h"]
+        # a kind whose code is more than one library (a GPU's kernels, its weights) names its other files
+        extra = getattr(backend, "artifact_files", None)
+        files = [library, f"{name}.h", *(extra(tmp, name) if extra else [])]
         target = host
         meta = {
             "name": name,
             "format": 1,
-            "library": f"{name}.so",
+            "library": library,
             "header": f"{name}.h",
             "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in optimized.inputs],
             "outputs": [

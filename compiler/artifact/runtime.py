@@ -120,6 +120,9 @@ def _check_runs_here(meta: dict, path: str | Path) -> None:
     -mcpu=skylake-avx512"` on an AVX2 machine), before its code can die of an illegal instruction. The artifact names
     what it needs (meta "requires", per LLVM feature the flag /proc/cpuinfo lists); where this machine does not say
     (no /proc/cpuinfo flags: not Linux on x86), it is not checked."""
+    arch = meta.get("requires", {}).get("cuda_arch")
+    if arch:
+        _refuse_gpu_artifact(path, arch)
     needs = meta.get("requires", {}).get("cpuinfo_flags", {})
     flags = cpuinfo_flags() if needs else None
     if not flags:
@@ -131,6 +134,22 @@ def _check_runs_here(meta: dict, path: str | Path) -> None:
             f"artifact {path} was compiled for {target}, and this machine's CPU lacks {', '.join(missing)}: its code "
             "cannot run here. Run it on a machine that has them, or compile the model for this one (--target llvm)"
         )
+
+
+def _refuse_gpu_artifact(path: str | Path, arch: str) -> None:
+    """An artifact of CUDA kernels (meta "requires" names their SM version) cannot be run from Python yet: say why,
+    in one line, whether or not this machine has the NVIDIA driver."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise ArtifactError(
+            f"artifact {path} holds CUDA kernels for {arch}: no CUDA driver on this host (libcuda.so.1 does not "
+            "load); run it on a machine with an NVIDIA GPU, or compile the model for this CPU (--target llvm)"
+        ) from None
+    raise ArtifactError(
+        f"artifact {path} holds CUDA kernels for {arch}; running them needs the artifact's native host entry "
+        "(launching its kernels in plan order through the driver API), which this tilefarm does not build yet"
+    )
 
 
 def cpuinfo_flags() -> frozenset[str]:
