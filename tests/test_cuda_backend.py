@@ -167,6 +167,7 @@ def test_compile_for_cuda_writes_ptx_that_ptxas_accepts(model, options, tmp_path
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     meta = json.loads(files["meta.json"])
     assert meta["target"]["kind"] == "cuda" and meta["target"]["mcpu"] == "sm_90"
+    assert parse_target(meta["target"]["name"]) == parse_target("cuda -arch=sm_90")
     assert meta["requires"] == {"cuda_arch": "sm_90"}
     launches = json.loads(files[meta["library"]])
     assert launches["arch"] == "sm_90" and len(files[launches["params"]]) == meta["params_bytes"]

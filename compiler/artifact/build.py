@@ -203,7 +203,8 @@ def build(
             "errors": {str(code): reason for code, reason in layout.errors.items()},
             "params_bytes": len(blob.getvalue()),
             "target": {
-                "name": target_name(target),
+                # a kind other than the CPU's names its targets its own way ("cuda -arch=sm_90")
+                "name": getattr(backend, "target_name", target_name)(target),
                 "kind": target.kind,
                 "mcpu": target.mcpu,
                 "features": target.features,

@@ -43,6 +43,10 @@ class CudaBackend:
         """The cuda target compiled for where none is named: sm_90 (H100, H200); no GPU is needed to compile."""
         return cuda_target()
 
+    def target_name(self, target: Target) -> str:
+        """The target string as tvmc writes it, which parse_target reads back: "cuda -arch=sm_90"."""
+        return f"cuda -arch={arch_of(target).name}"
+
     def default_schedule(self, dag: ComputeDAG, target: Target | None = None) -> State:
         return default_schedule(dag)  # GpuParams' limits hold on sm_80 and sm_90 alike
 
