@@ -5,6 +5,7 @@ local memory per thread, race and divergence errors); the GPU steps' legality an
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -20,9 +21,11 @@ from compiler.schedule.state import Annotate, State, apply_steps, initial_state,
 from compiler.targets.cuda.default_schedule import default_schedule
 from compiler.targets.cuda.schedule_rules import (
     GpuParams,
+    LaunchResources,
     Tiling,
     anchors,
     bind_flat,
+    cross_thread_reduce,
     launch_resources,
     multi_level_tile,
     needs_binding,
@@ -68,7 +71,8 @@ def store_count(s) -> int:
 def gpu_schedule(draw, dag: ComputeDAG) -> State:
     """A random legal GPU schedule: each elementwise intermediate inlined or not, each GEMM/conv tiled "SSSRRSRS"
     (random vthread, thread, middle and inner tiles; shared inputs or not, fetched in vectors of 1-4; unrolled or
-    not; fused into its elementwise consumer or not) or bound flat, the rest bound flat with a random block size."""
+    not; fused into its elementwise consumer or not) or bound flat, a reduction of at most 256 outputs reduced
+    across a random number of threads or bound flat, the rest bound flat with a random block size."""
     s = initial_state(dag)
     for stage in reversed(s.stages):
         op = stage.op
@@ -96,7 +100,12 @@ def gpu_schedule(draw, dag: ComputeDAG) -> State:
         )
         s = multi_level_tile(s, name, tiling)
     for stage in s.stages:
-        if needs_binding(s, stage.name):
+        if not needs_binding(s, stage.name):
+            continue
+        outputs = math.prod(stage.op.shape)
+        if stage.op.reduce_axes and stage.op.axes and outputs <= 256 and draw(st.booleans()):
+            s = cross_thread_reduce(s, stage.name, draw(st.sampled_from((1, 2, 8, 32))))
+        else:
             s = bind_flat(s, stage.name, draw(st.sampled_from((1, 3, 32, 64, 256))))
     return s
 
@@ -184,7 +193,7 @@ def test_lowering_rejects_meaningless_bindings():
     s = s.annotate("matmul", 0, "blockIdx.x").compute_at("matmul.local", "matmul", 1)
     with pytest.raises(LoweringError, match="only a stage at the root binds the grid"):
         lower(s.annotate("matmul.local", 1, "blockIdx.y"))
-    with pytest.raises(LoweringError, match="only a shared stage is computed cooperatively"):
+    with pytest.raises(LoweringError, match="only a stage in shared memory is computed cooperatively"):
         lower(s.annotate("matmul.local", 1, "threadIdx.x"))
 
 
@@ -370,3 +379,13 @@ def test_random_gpu_schedule_assembles(name, data):
     assume(all(r.fits(GpuParams()) for r in launch_resources(func)))
     for kernel in codegen.compile_func(func).kernels:
         ptx.assemble(kernel.ptx, kernel.name, "sm_90")
+
+
+def test_a_few_long_rows_are_reduced_across_threads():
+    """row_sum's 64 rows of 200: a block per row, 128 threads summing every 128th term into shared memory, then
+    thread 0 the 128 partial sums."""
+    func = lower(default_schedule(DAGS["row_sum"]))
+    shared = [(a.buffer.name, a.buffer.shape) for a in walk_stmts(func.body) if isinstance(a, Allocate)]
+    assert shared == [("row_sum.rf", (1, 128))]
+    assert launch_resources(func) == [LaunchResources(threads=128, blocks=64, shared_bytes=512)]
+    check_numerics("row_sum", default_schedule(DAGS["row_sum"]))

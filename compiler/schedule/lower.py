@@ -177,10 +177,12 @@ class _Lowering:
 
     def scope(self, s: Stage) -> str:
         """Where the stage's buffer lives: global on CPUs and at the root of a GPU program; inside a GPU kernel in
-        shared memory for a shared cache stage, else in each thread's local memory."""
+        shared memory for a shared cache stage or a stage the block's threads compute together (one with a loop
+        bound to a threadIdx, as a cross-thread reduction's partial sums), else in each thread's local memory."""
         if not self.gpu or s.compute_at != "iter":
             return "global"
-        return "shared" if s.scope == "shared" else "local"
+        cooperative = s.scope == "global" and any(it.annotation in THREAD_KINDS for it in s.iters)
+        return "shared" if s.scope == "shared" or cooperative else "local"
 
     def buffer(self, name: str) -> Buffer:
         s = self.stages[name]
@@ -308,7 +310,7 @@ def is_gpu_program(state: State) -> bool:
 
 def check_gpu_bindings(state: State) -> None:
     """Raise LoweringError where a GPU State's bindings have no meaning: a blockIdx bound inside another stage's
-    loops (the grid belongs to a kernel's outermost loops), or a thread-bound stage in per-thread local memory."""
+    loops (the grid belongs to a kernel's outermost loops), or a thread-bound local cache stage (one per thread)."""
     for s in state.stages:
         bound = [it for it in s.iters if it.annotation in GPU_LOOP_KINDS]
         if not bound or s.compute_at == "root":
@@ -320,10 +322,10 @@ def check_gpu_bindings(state: State) -> None:
                 "only a stage at the root binds the grid"
             )
         threads = [it.name for it in bound if it.annotation in THREAD_KINDS]
-        if threads and s.scope != "shared":
+        if threads and s.scope == "local":
             raise LoweringError(
                 f"{s.name} lives in each thread's local memory but binds {', '.join(threads)} to threadIdx; only a "
-                "shared stage is computed cooperatively by the block's threads"
+                "stage in shared memory is computed cooperatively by the block's threads"
             )
 
 

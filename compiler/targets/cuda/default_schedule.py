@@ -1,9 +1,10 @@
 """Default GPU schedules: take a ComputeDAG and give a State every one of whose kernels runs on a GPU.
 
 What an untuned task runs with: elementwise intermediates inlined, each GEMM or conv (a reduction with data reuse)
-tiled "SSSRRSRS" with shared-memory inputs and local accumulators (schedule_rules.default_tiling), and every other
-stage (elementwise outputs, row reductions, pooling, softmax's parts) bound flat: its spatial loops fused, split by
-the block size and bound to blockIdx.x / threadIdx.x, its reduction loops serial in each thread.
+tiled "SSSRRSRS" with shared-memory inputs and local accumulators (schedule_rules.default_tiling), a reduction of
+fewer rows than terms per row (softmax's and layer norm's row statistics, a global pool) reduced across a block's
+threads, and every other stage (elementwise outputs, pooling) bound flat: its spatial loops fused, split by the
+block size and bound to blockIdx.x / threadIdx.x, its reduction loops serial in each thread.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from compiler.targets.cuda.schedule_rules import (
     Tiling,
     anchors,
     bind_flat,
+    cross_thread_reduce,
     default_tiling,
     inline_elementwise,
     launch_resources,
     multi_level_tile,
     needs_binding,
+    reduction_threads,
     smaller,
+    wants_cross_thread_reduction,
 )
 from compiler.tensor.dag import ComputeDAG
 
@@ -33,7 +37,11 @@ def default_schedule(dag: ComputeDAG, params: GpuParams | None = None) -> State:
     for name in anchors(s):
         s = _tile_within_limits(s, name, params)
     for stage in s.stages:
-        if needs_binding(s, stage.name):
+        if not needs_binding(s, stage.name):
+            continue
+        if stage.op.reduce_axes and wants_cross_thread_reduction(stage.op, params):
+            s = cross_thread_reduce(s, stage.name, reduction_threads(stage.op, params))
+        else:
             s = bind_flat(s, stage.name, params.threads_per_block)
     return s
 

@@ -85,6 +85,39 @@ def fusible_consumer(s: State, name: str) -> str | None:
     return c.name if all(at_own_index(ld, c.op.axes) for ld in loads) else None
 
 
+def cross_thread_reduce(s: State, name: str, threads: int) -> State:
+    """A reduction of few, long rows (Ansor's cross-thread reduction): one block per output element, whose
+    `threads` threads each reduce every `threads`-th term into a shared `<name>.rf` stage (the reduction fused,
+    split by `threads` and factored), after which thread 0 reduces the threads' partial results."""
+    stage = s.stage(name)
+    n_spatial = len(stage.op.axes)
+    reduce = [i for i, it in enumerate(stage.iters) if it.kind == "reduce"]
+    if not n_spatial or not reduce or reduce[0] != n_spatial:
+        raise ValueError(f"{name} needs spatial loops, then its reduction loops, for a cross-thread reduction")
+    if len(reduce) > 1:
+        s = s.fuse(name, reduce)
+    s = s.split(name, n_spatial, [threads])
+    s = s.rfactor(name, n_spatial + 1, n_spatial)
+    rf = f"{name}.rf"
+    if n_spatial > 1:
+        s = s.fuse(name, list(range(n_spatial)))
+    s = s.split(name, 0, [1]).annotate(name, 0, "blockIdx.x").annotate(name, 1, "threadIdx.x")
+    s = s.compute_at(rf, name, 0)
+    return s.annotate(rf, n_spatial, "threadIdx.x")
+
+
+def wants_cross_thread_reduction(op: Op, params: GpuParams) -> bool:
+    """Ansor's condition: fewer outputs than a block has threads, and fewer than terms in each output's sum."""
+    spatial = math.prod(a.extent for a in op.axes)
+    terms = math.prod(r.extent for r in op.reduce_axes)
+    return bool(op.axes) and spatial <= params.max_threads_per_block and spatial < terms
+
+
+def reduction_threads(op: Op, params: GpuParams) -> int:
+    """Threads for a cross-thread reduction: a power of two up to one per term, at most the flat block size."""
+    return min(params.threads_per_block, _pow2_at_most(math.prod(r.extent for r in op.reduce_axes)))
+
+
 def multi_level_tile(s: State, name: str, tiling: Tiling) -> State:
     """Ansor's GPU tiling of a reduction with data reuse (GEMM, conv): `name` computed into a `<name>.local` stage
     (or, with `tiling.fuse_consumer` and a fusible consumer, `name` itself computed for that consumer) tiled
