@@ -30,7 +30,7 @@ from compiler.targets.cuda.schedule_rules import (
     multi_level_tile,
     needs_binding,
 )
-from compiler.tensor import te
+from compiler.tensor import ops, te
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.ops import KERNELS
 
@@ -389,3 +389,46 @@ def test_a_few_long_rows_are_reduced_across_threads():
     assert shared == [("row_sum.rf", (1, 128))]
     assert launch_resources(func) == [LaunchResources(threads=128, blocks=64, shared_bytes=512)]
     check_numerics("row_sum", default_schedule(DAGS["row_sum"]))
+
+
+def small_matmul_tiled() -> Func:
+    """C = A @ B, 8x12 by 12x8: blocks of 4x2 outputs (2 threads of 2 rows by 2 threads), 2 virtual threads of 2
+    columns each, reduction steps of 2 through shared tiles."""
+    A, B = te.placeholder((8, 12), name="A"), te.placeholder((12, 8), name="B")
+    dag = ComputeDAG([A, B, ops.matmul(A, B, name="C")])
+    return lower(multi_level_tile(initial_state(dag), "C", Tiling(((1, 2, 1, 2), (2, 2, 1, 1)), ((2, 1),))))
+
+
+# Each reduction step k.0: barrier, the block's 4 threads fill A's 4x2 tile (two rounds) and the virtual thread's
+# 2x2 tile of B, barrier, then each thread accumulates its 2 rows in local memory.
+SMALL_MATMUL_TILED = """\
+def kernel(A: float32[8, 12], B: float32[12, 8], C: float32[8, 8]):
+  for i.0@j.0 in range(4):  # blockIdx.x
+    for i.1@j.1 in range(2):  # vthread
+      for i.2@j.2 in range(4):  # threadIdx.x
+        C.local = alloc(float32[2, 1], local)
+        for i.1 in range(2):
+          C.local[i.1] = 0.0f
+        for k.0 in range(6):
+          A.shared = alloc(float32[4, 2], shared)
+          B.shared = alloc(float32[2, 2], shared)
+          barrier()
+          for ax0@ax1.0 in range(2):
+            A.shared[(((ax0@ax1.0 * 4) + ((i.2@j.2 // 2) * 2)) + (i.2@j.2 % 2))] = A[((((((i.0@j.0 // 2) * 48) + (ax0@ax1.0 * 24)) + ((i.2@j.2 // 2) * 12)) + (k.0 * 2)) + (i.2@j.2 % 2))]
+          B.shared[(((i.2@j.2 // 2) * 2) + (i.2@j.2 % 2))] = B[(((((k.0 * 16) + ((i.2@j.2 // 2) * 8)) + ((i.0@j.0 % 2) * 4)) + (i.1@j.1 * 2)) + (i.2@j.2 % 2))]
+          barrier()
+          for k.1 in range(2):
+            for i.1 in range(2):
+              C.local[i.1] = (C.local[i.1] + (A.shared[((((i.2@j.2 // 2) * 4) + (i.1 * 2)) + k.1)] * B.shared[((k.1 * 2) + (i.2@j.2 % 2))]))
+        for i.3 in range(2):
+          C[(((((((i.0@j.0 // 2) * 32) + ((i.2@j.2 // 2) * 16)) + (i.3 * 8)) + ((i.0@j.0 % 2) * 4)) + (i.1@j.1 * 2)) + (i.2@j.2 % 2))] = C.local[i.3]
+"""  # noqa: E501 - golden text, one loop IR line
+
+
+def test_golden_tiled_matmul():
+    func = small_matmul_tiled()
+    assert str(func) == SMALL_MATMUL_TILED
+    a, b = (np.random.default_rng(2).standard_normal(shape).astype(np.float32) for shape in ((8, 12), (12, 8)))
+    c = np.zeros((8, 8), np.float32)
+    gpu_interp.run(func, a, b, c)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
