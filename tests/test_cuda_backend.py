@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import subprocess
 import tarfile
 
 import numpy as np
@@ -169,7 +170,8 @@ def test_compile_for_cuda_writes_ptx_that_ptxas_accepts(model, options, tmp_path
     assert meta["target"]["kind"] == "cuda" and meta["target"]["mcpu"] == "sm_90"
     assert parse_target(meta["target"]["name"]) == parse_target("cuda -arch=sm_90")
     assert meta["requires"] == {"cuda_arch": "sm_90"}
-    launches = json.loads(files[meta["library"]])
+    assert meta["library"] == f"{model}.so" and files[meta["library"]].startswith(b"\x7fELF")  # the host entry
+    launches = json.loads(files[f"{model}.launches.json"])
     assert launches["arch"] == "sm_90" and len(files[launches["params"]]) == meta["params_bytes"]
     assert set(meta["sha256"]) == set(files) - {"meta.json"}
     # the plan: every call's kernel has its launches, each with its grid, block and files
@@ -186,10 +188,11 @@ def test_compile_for_cuda_writes_ptx_that_ptxas_accepts(model, options, tmp_path
         assert report.shared_bytes <= 48 * 1024, report
 
 
+@pytest.mark.skipif(HAS_DRIVER, reason="this host has a CUDA driver")
 def test_a_cuda_artifact_refuses_to_run_here_in_one_line(encoder, tmp_path, ptxas, capsys):
     tar_path = tmp_path / "enc.tar"
     assert main(["compile", str(encoder), "--target", "cuda -arch=sm_80", "-o", str(tar_path)]) == 0
-    says = "no CUDA driver on this host" if not HAS_DRIVER else "native host entry"
+    says = "no CUDA driver on this host"
     with pytest.raises(ArtifactError, match=f"holds CUDA kernels for sm_80.*{says}"):
         Artifact.load(tar_path)
     capsys.readouterr()
@@ -234,3 +237,92 @@ def test_the_cpu_artifact_is_unchanged(tmp_path, capsys):
     x = np.random.default_rng(0).standard_normal(meta["inputs"][0]["shape"]).astype(np.float32)
     out = Artifact.load(tar_path).run({meta["inputs"][0]["name"]: x})
     assert all(np.isfinite(v).all() for v in out.values())
+
+
+# ---------------------------------------------------------------------------------------------- the host entry
+
+FAKE_LIBCUDA = r"""
+/* A stand-in for libcuda.so.1: memory is host memory, a launch runs nothing but is logged (kernel, grid, block,
+   and per argument which allocation it points into and at what offset) to the file FAKE_CUDA_LOG names. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef unsigned long long CUdeviceptr;
+static struct { char* base; size_t size; } allocs[4096];
+static int n_allocs;
+static FILE* log_file(void) { static FILE* f; if (!f) f = fopen(getenv("FAKE_CUDA_LOG"), "w"); return f; }
+int cuInit(unsigned flags) { return flags != 0; }
+int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void** ctx, int d) { *ctx = (void*)0x1; return d != 0; }
+int cuCtxSetCurrent(void* ctx) { return ctx == 0; }
+int cuModuleLoadData(void** m, const void* image) {
+  const char* p = image;
+  if (memcmp(p, "\177ELF", 4) != 0 && strstr(p, ".entry") == 0) return 200; /* CUDA_ERROR_INVALID_IMAGE */
+  *m = (void*)image; return 0;
+}
+int cuModuleGetFunction(void** f, void* m, const char* name) { (void)m; *f = strdup(name); return 0; }
+int cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  allocs[n_allocs].base = calloc(1, n); allocs[n_allocs].size = n;
+  *p = (CUdeviceptr)allocs[n_allocs++].base; return 0;
+}
+int cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) { memcpy((void*)d, h, n); return 0; }
+int cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) { memcpy(h, (void*)d, n); return 0; }
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void* stream, void** params, void** extra) {
+  (void)stream; (void)extra;
+  FILE* out = log_file();
+  fprintf(out, "%s %u,%u,%u %u,%u,%u %u", (char*)f, gx, gy, gz, bx, by, bz, shared);
+  for (int a = 0; a < 64 && params[a]; a++) {
+    char* p = (char*)*(CUdeviceptr*)params[a];
+    int k = 0;
+    while (k < n_allocs && !(p >= allocs[k].base && p < allocs[k].base + allocs[k].size)) k++;
+    if (k == n_allocs) { fprintf(out, " ?"); continue; }
+    fprintf(out, " %d+%ld", k, (long)(p - allocs[k].base));
+  }
+  fprintf(out, "\n"); fflush(out); return 0;
+}
+int cuCtxSynchronize(void) { return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fake_cuda")
+    (folder / "fake_cuda.c").write_text(FAKE_LIBCUDA)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(folder / "libcuda.so"), str(folder / "fake_cuda.c")], check=True
+    )
+    return folder / "libcuda.so"
+
+
+def test_the_host_entry_launches_the_plan_through_the_driver_api(encoder, tmp_path, ptxas, fake_libcuda, monkeypatch):
+    """Against a fake driver (host memory, launches logged): the artifact's library loads every kernel's cubin,
+    launches the kernels in plan order with their grids and blocks, on the device buffers meta.json's plan names
+    (inputs, weights and workspace at their offsets), and copies the outputs back."""
+    tar_path, log = tmp_path / "enc.tar", tmp_path / "launches.log"
+    assert main(["compile", str(encoder), "--target", "cuda", "-o", str(tar_path)]) == 0
+    monkeypatch.setenv("TILEFARM_LIBCUDA", str(fake_libcuda))
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    artifact = Artifact.load(tar_path)
+    meta = artifact.meta
+    assert meta["library"] == "enc.so"
+    spec = meta["inputs"][0]
+    out = artifact.run({spec["name"]: np.ones(spec["shape"], spec["dtype"])})
+    assert all(a.shape == tuple(o["shape"]) for a, o in zip(out.values(), meta["outputs"]))
+    with tarfile.open(tar_path) as tar:
+        launches = json.loads(tar.extractfile(meta["library"].replace(".so", ".launches.json")).read())
+    # device allocations in order: the inputs, the outputs, the weights, the workspace
+    n_in, n_out = len(meta["inputs"]), len(meta["outputs"])
+    alloc = {"input": lambda i: (i, 0), "output": lambda i: (n_in + i, 0), "param": lambda o: (n_in + n_out, o)}
+    expected = []
+    for call in meta["calls"]:
+        kernel = launches["kernels"][call["kernel"]]
+        n = len(kernel["params"])
+        for launch in kernel["launches"]:
+            args = call["args"][:n] + (call["args"][n:] if launch["takes_workspace"] else [])
+            where = [alloc.get(kind, lambda o: (n_in + n_out + 1, o))(at) for kind, at in args]
+            grid, block = ",".join(map(str, launch["grid"])), ",".join(map(str, launch["block"]))
+            expected.append(
+                " ".join([launch["name"], grid, block, str(launch["shared_bytes"])] + [f"{a}+{o}" for a, o in where])
+            )
+    assert log.read_text().splitlines() == expected

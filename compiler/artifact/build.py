@@ -229,8 +229,12 @@ def build(
                 }
                 for c in flat
             ],
-            "sha256": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files},
         }
+        # a kind whose library needs the finished plan (a GPU's host entry, launching the kernels) builds it now
+        finish = getattr(backend, "finish_artifact", None)
+        if finish:
+            files += finish(tmp, name, meta, any(not isinstance(s, Call) for s in calls))
+        meta["sha256"] = {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         with tarfile.open(path, "w") as tar:
             for f in ["meta.json", *files]:

@@ -137,19 +137,16 @@ def _check_runs_here(meta: dict, path: str | Path) -> None:
 
 
 def _refuse_gpu_artifact(path: str | Path, arch: str) -> None:
-    """An artifact of CUDA kernels (meta "requires" names their SM version) cannot be run from Python yet: say why,
-    in one line, whether or not this machine has the NVIDIA driver."""
+    """An artifact of CUDA kernels (meta "requires" names their SM version) runs only where the NVIDIA driver
+    library (libcuda.so.1, or the file TILEFARM_LIBCUDA names) loads: say so in one line where it does not."""
+    driver = os.environ.get("TILEFARM_LIBCUDA") or "libcuda.so.1"
     try:
-        ctypes.CDLL("libcuda.so.1")
+        ctypes.CDLL(driver)
     except OSError:
         raise ArtifactError(
-            f"artifact {path} holds CUDA kernels for {arch}: no CUDA driver on this host (libcuda.so.1 does not "
-            "load); run it on a machine with an NVIDIA GPU, or compile the model for this CPU (--target llvm)"
+            f"artifact {path} holds CUDA kernels for {arch}: no CUDA driver on this host ({driver} does not load); "
+            "run it on a machine with an NVIDIA GPU, or compile the model for this CPU (--target llvm)"
         ) from None
-    raise ArtifactError(
-        f"artifact {path} holds CUDA kernels for {arch}; running them needs the artifact's native host entry "
-        "(launching its kernels in plan order through the driver API), which this tilefarm does not build yet"
-    )
 
 
 def cpuinfo_flags() -> frozenset[str]:

@@ -11,7 +11,7 @@ from compiler.base.target import Target
 from compiler.schedule import gpu_interp
 from compiler.schedule.loopir import Func
 from compiler.schedule.state import State
-from compiler.targets.cuda import artifact
+from compiler.targets.cuda import artifact, host_entry
 from compiler.targets.cuda.codegen.memory import PARAM_ALIGN, split_launches
 from compiler.targets.cuda.default_schedule import default_schedule
 from compiler.targets.cuda.measure import CudaBuilder, CudaRunner
@@ -65,10 +65,20 @@ class CudaBackend:
         self, funcs: Sequence[Func], entry_c: str, params: bytes, folder: Path, name: str, target: Target | None = None
     ) -> Path:
         """The artifact's CUDA files in `folder` (cuda/artifact.py), for `target`'s architecture (default: sm_90);
-        returns the launches file, which takes the place of the CPU's library. `entry_c` (the CPU's C entry, calling
-        kernels as functions) is not used: a GPU host entry launches them through the driver API instead."""
+        returns the launches file. `entry_c` (the CPU's C entry, calling kernels as functions) is not used: the host
+        entry finish_artifact builds launches them through the driver API instead."""
         files = artifact.write_kernels(funcs, params, folder, name, arch_of(target or cuda_target()))
         return folder / files[0]
+
+    def finish_artifact(self, folder: Path, name: str, meta: dict, has_control_flow: bool) -> list[str]:
+        """The artifact's library, `<name>.so` in `folder`: the native host entry (cuda/host_entry.py) running
+        meta.json's plan through the driver API, made the library `meta` names; returns the files it adds."""
+        library = host_entry.link_host_entry(folder, name, meta, has_control_flow)
+        meta["library"] = library
+        meta["errors"][str(host_entry.CUDA_ERROR_CODE)] = (
+            "a CUDA driver call failed (no NVIDIA GPU or driver, or a kernel faulted)"
+        )
+        return [library]
 
     def artifact_files(self, folder: Path, name: str) -> list[str]:
         """Files link_artifact wrote into `folder` that the artifact carries besides its library and header."""
