@@ -326,3 +326,19 @@ def test_the_host_entry_launches_the_plan_through_the_driver_api(encoder, tmp_pa
                 " ".join([launch["name"], grid, block, str(launch["shared_bytes"])] + [f"{a}+{o}" for a, o in where])
             )
     assert log.read_text().splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "outputs, control, says",
+    [
+        ([{"name": "y"}], True, "If or Loop nodes"),
+        ([{"name": "y"}, {"name": "x_again"}], False, "outputs no kernel writes yet .*: 'x_again'"),
+    ],
+)
+def test_the_host_entry_refuses_plans_it_cannot_run(outputs, control, says, tmp_path):
+    from compiler.base.errors import BuildError
+    from compiler.targets.cuda.host_entry import link_host_entry
+
+    meta = {"outputs": outputs, "calls": [{"kernel": "k", "args": [["input", 0], ["output", 0]]}]}
+    with pytest.raises(BuildError, match=says):
+        link_host_entry(tmp_path, "m", meta, control)

@@ -181,10 +181,19 @@ def data_source(images: list[str]) -> str:
 def link_host_entry(folder: Path, name: str, meta: dict, has_control_flow: bool) -> str:
     """Compile the host entry of the artifact in `folder` (its launches file, kernel images and weights written by
     cuda/artifact.py, `meta` its meta.json without sha256) into `<name>.so` there; returns that file's name. Raises
-    BuildError for a plan with control flow, or naming the C compiler's complaint."""
+    BuildError for a plan with control flow or outputs no kernel writes, or naming the C compiler's complaint."""
     if has_control_flow:
         raise BuildError(
             "a CUDA artifact cannot run a model with If or Loop nodes yet: their conditions live on the GPU"
+        )
+    written = {at for c in meta["calls"] for kind, at in c["args"] if kind == "output"}
+    unwritten = [o["name"] for k, o in enumerate(meta["outputs"]) if k not in written]
+    if (
+        unwritten
+    ):  # the CPU entry copies these (an input, a constant or a repeated value); this one cannot say from where
+        raise BuildError(
+            f"a CUDA artifact cannot give outputs no kernel writes yet (a model input, a constant or another output "
+            f"returned as is): {', '.join(map(repr, unwritten))}"
         )
     launches = json.loads((folder / f"{name}.launches.json").read_text())
     files = {x["name"]: x.get("cubin", x["ptx"]) for k in launches["kernels"].values() for x in k["launches"]}
