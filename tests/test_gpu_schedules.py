@@ -24,6 +24,7 @@ from compiler.targets.cuda.schedule_rules import (
     LaunchResources,
     Tiling,
     anchors,
+    bind_2d,
     bind_flat,
     cross_thread_reduce,
     launch_resources,
@@ -71,8 +72,9 @@ def store_count(s) -> int:
 def gpu_schedule(draw, dag: ComputeDAG) -> State:
     """A random legal GPU schedule: each elementwise intermediate inlined or not, each GEMM/conv tiled "SSSRRSRS"
     (random vthread, thread, middle and inner tiles; shared inputs or not, fetched in vectors of 1-4; unrolled or
-    not; fused into its elementwise consumer or not) or bound flat, a reduction of at most 256 outputs reduced
-    across a random number of threads or bound flat, the rest bound flat with a random block size."""
+    not; fused into its elementwise consumer or not) or left to the rest: every other stage reduced across a random
+    number of threads (a reduction of at most 256 outputs), bound on a 2-D grid of 2-D blocks, or bound flat with a
+    random block size and vector width."""
     s = initial_state(dag)
     for stage in reversed(s.stages):
         op = stage.op
@@ -103,10 +105,14 @@ def gpu_schedule(draw, dag: ComputeDAG) -> State:
         if not needs_binding(s, stage.name):
             continue
         outputs = math.prod(stage.op.shape)
-        if stage.op.reduce_axes and stage.op.axes and outputs <= 256 and draw(st.booleans()):
+        how = draw(st.sampled_from(("flat", "2d", "cross-thread")))
+        if how == "cross-thread" and stage.op.reduce_axes and stage.op.axes and outputs <= 256:
             s = cross_thread_reduce(s, stage.name, draw(st.sampled_from((1, 2, 8, 32))))
+        elif how == "2d" and len(stage.op.axes) >= 2:
+            s = bind_2d(s, stage.name, draw(st.sampled_from((1, 4, 16))), draw(st.sampled_from((1, 3, 8))))
         else:
-            s = bind_flat(s, stage.name, draw(st.sampled_from((1, 3, 32, 64, 256))))
+            threads = draw(st.sampled_from((1, 3, 32, 64, 256)))
+            s = bind_flat(s, stage.name, threads, vector=draw(st.sampled_from((1, 2, 4))))
     return s
 
 

@@ -58,9 +58,10 @@ def inline_elementwise(s: State) -> State:
     return s
 
 
-def bind_flat(s: State, name: str, threads: int) -> State:
-    """The stage's spatial loops fused, split by `threads`, bound to blockIdx.x (outer) and threadIdx.x (inner);
-    its reduction loops stay serial inside each thread."""
+def bind_flat(s: State, name: str, threads: int, vector: int = 1) -> State:
+    """The stage's spatial loops fused, split by `threads` (and `vector` consecutive elements per thread, a
+    vectorized loop), bound to blockIdx.x (outer) and threadIdx.x (inner); its reduction loops stay serial inside
+    each thread."""
     stage = s.stage(name)
     spatial = [i for i, it in enumerate(stage.iters) if it.kind == "spatial"]
     if not spatial:
@@ -69,7 +70,30 @@ def bind_flat(s: State, name: str, threads: int) -> State:
         raise ValueError(f"{name}'s spatial loops must come first to bind them, got {[it.name for it in stage.iters]}")
     if len(spatial) > 1:
         s = s.fuse(name, spatial)
-    return s.split(name, 0, [threads]).annotate(name, 0, "blockIdx.x").annotate(name, 1, "threadIdx.x")
+    if vector > 1:
+        s = s.split(name, 0, [threads, vector]).annotate(name, 2, "vectorize")
+    else:
+        s = s.split(name, 0, [threads])
+    return s.annotate(name, 0, "blockIdx.x").annotate(name, 1, "threadIdx.x")
+
+
+def bind_2d(s: State, name: str, threads_x: int, threads_y: int) -> State:
+    """A stage of two or more spatial loops on a 2-D grid of 2-D blocks: the innermost loop split by `threads_x`
+    (blockIdx.x, threadIdx.x), the one outside it by `threads_y` (threadIdx.y; blockIdx.y with every loop further
+    out fused into it)."""
+    stage = s.stage(name)
+    n = len(stage.op.axes)
+    if n < 2 or [it.name for it in stage.iters[:n]] != [a.name for a in stage.op.axes]:
+        raise ValueError(f"{name} needs two or more spatial loops, as yet unscheduled, for a 2-D binding")
+    y, x = stage.iters[n - 2].name, stage.iters[n - 1].name
+    s = s.split(name, x, [threads_x]).split(name, y, [threads_y])
+    outer = [a.name for a in stage.op.axes[: n - 2]]
+    reduce = [it.name for it in stage.iters[n:]]
+    s = _reorder(s, name, outer + [f"{y}.0", f"{x}.0", f"{y}.1", f"{x}.1"] + reduce)
+    if n > 2:
+        s = s.fuse(name, list(range(n - 1)))
+    s = s.annotate(name, 0, "blockIdx.y").annotate(name, 1, "blockIdx.x")
+    return s.annotate(name, 2, "threadIdx.y").annotate(name, 3, "threadIdx.x")
 
 
 def fusible_consumer(s: State, name: str) -> str | None:
