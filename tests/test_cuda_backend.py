@@ -342,3 +342,109 @@ def test_the_host_entry_refuses_plans_it_cannot_run(outputs, control, says, tmp_
     meta = {"outputs": outputs, "calls": [{"kernel": "k", "args": [["input", 0], ["output", 0]]}]}
     with pytest.raises(BuildError, match=says):
         link_host_entry(tmp_path, "m", meta, control)
+
+
+# ---------------------------------------------------------------------------------------------- the GPU runner
+
+
+class FakeDriver:
+    """driver.Driver's measuring calls without a GPU: a module's "output" is its image's length (so two builds of
+    one program agree and two programs differ), every timing takes 2 ms, and launching the module whose image is
+    `crash_on` faults."""
+
+    def __init__(self, crash_on: bytes | None = None):
+        self.crash_on, self.images, self.functions, self.launched = crash_on, {}, {}, []
+        self.last = 0.0
+
+    def device(self, ordinal=0):
+        return ordinal
+
+    def use_primary_context(self, device):
+        return 1
+
+    def load_module(self, image):
+        self.images[len(self.images) + 1] = image
+        return len(self.images)
+
+    def function(self, module, name):
+        self.functions[len(self.functions) + 1] = module
+        return len(self.functions)
+
+    def launch(self, function, grid, block, args, shared_bytes=0):
+        from compiler.targets.cuda.driver import KernelCrashed
+
+        image = self.images[self.functions[function]]
+        if image == self.crash_on:
+            raise KernelCrashed("cuLaunchKernel", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
+        self.launched.append(function)
+        self.last = float(len(image))
+
+    def alloc(self, nbytes):
+        from compiler.targets.cuda.driver import DevicePointer
+
+        return DevicePointer(1, nbytes)
+
+    def to_device(self, ptr, array):
+        pass
+
+    def fill(self, ptr, byte):
+        pass
+
+    def to_host(self, array, ptr):
+        array[...] = self.last
+
+    def synchronize(self):
+        pass
+
+    def free(self, ptr):
+        pass
+
+    def unload_module(self, module):
+        pass
+
+    def event(self):
+        return 1
+
+    def record(self, event):
+        pass
+
+    def wait(self, event):
+        pass
+
+    def elapsed_ms(self, start, end):
+        return 2.0
+
+    def destroy_event(self, event):
+        pass
+
+
+def test_the_runner_checks_candidates_against_the_default_schedule_and_times_them(encoder, ptxas):
+    """Through a fake driver: the default schedule's own program matches and is timed (2 ms over `number` runs),
+    another program's different output is a wrong answer, a faulting kernel is a run error after which the rest of
+    the batch is still measured, and a failed build passes through."""
+    import pickle
+
+    from compiler.costs.measure import RUN, WRONG_ANSWER
+
+    target = parse_target("cuda")
+    backend = backend_for(target)
+    tasks, _, _ = plan_tasks(load(encoder))
+    gemm = next(t for t in tasks if "matmul" in t.name)
+    default = backend.default_schedule(gemm.dag, target)
+    space = backend.search_space(gemm.dag, target, SearchParams())
+    rng = np.random.default_rng(1)
+    other, faulting = space.sample(0, rng)[1], space.sample(1, rng)[1]  # with and without shared memory
+    broken = tuple(s for s in default.steps if not isinstance(s, Split))
+    programs = (default.steps, other.steps, faulting.steps, default.steps, broken)
+    inputs = [MeasureInput(gemm, steps) for steps in programs]
+    with backend.builder(target=target, n_parallel=2) as builder:
+        builds = builder.build(inputs)
+        crash = pickle.loads(open(builds[2].path, "rb").read()).cubins[0].image
+        with backend.runner(target=target, number=4, repeat=2, driver=FakeDriver(crash_on=crash)) as runner:
+            results = runner.run(inputs, builds)
+    ok, wrong, crashed, again, failed = results
+    assert ok.error is None and ok.costs == (2.0 / 1e3 / 4,) * 2
+    assert wrong.error == WRONG_ANSWER and "differ from the default schedule" in wrong.message
+    assert crashed.error == RUN and "kernel crashed" in crashed.message
+    assert again.error is None and again.costs == ok.costs
+    assert failed.error == INSTANTIATION

@@ -1,7 +1,8 @@
 """Building and measuring CUDA candidates. `CudaBuilder` replays each candidate's steps, lowers it, generates PTX
 (codegen.compile_func) and assembles every kernel with ptxas, in a pool of worker processes; its results keep each
-kernel's ptxas report (registers, shared memory, spills). `CudaRunner` times built kernels on a GPU; on a host
-without the NVIDIA driver it refuses, naming what is missing."""
+kernel's ptxas report (registers, shared memory, spills). `CudaRunner` times built kernels on a GPU
+(gpu_measure), checked against the default schedule; on a host without the NVIDIA driver it refuses, naming what
+is missing."""
 
 from __future__ import annotations
 
@@ -13,19 +14,33 @@ import shutil
 import tempfile
 import time
 import weakref
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.base.errors import InvalidTarget, TilefarmError
+from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
-from compiler.costs.measure import BUILD, BUILD_TIMEOUT, INSTANTIATION, BuildResult, MeasureInput, MeasureResult
+from compiler.costs.measure import (
+    BUILD,
+    BUILD_TIMEOUT,
+    INSTANTIATION,
+    RUN,
+    RUN_TIMEOUT,
+    UNKNOWN,
+    BuildResult,
+    MeasureInput,
+    MeasureResult,
+)
 from compiler.costs.records import WARM
 from compiler.schedule.lower import lower
 from compiler.schedule.state import Step, apply_steps
 from compiler.targets.cuda.codegen import compile_func
+from compiler.targets.cuda.default_schedule import default_schedule
+from compiler.targets.cuda.gpu_measure import Job, Timing, measure_batch
 from compiler.targets.cuda.ptx import Cubin, PtxasReport, assemble_program
 from compiler.targets.cuda.target import arch_of, check_runs_here, cuda_target
 from compiler.tensor.dag import ComputeDAG
+from compiler.tensor.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -125,28 +140,83 @@ class CudaBuilder:
 
 
 class CudaRunner:
-    """Times built CUDA candidates on this host's GPU. `options` are the CPU runner's (repeat, number,
-    min_repeat_ms, timeout, …), kept for the GPU runner. Without the NVIDIA driver, run() raises InvalidTarget
-    (target.no_driver_message); with it, run() raises too, naming the driver-API runner that is not built yet."""
+    """Times built CUDA candidates on this host's GPU (gpu_measure), each checked against its task's default schedule
+    first. `repeat`, `number`, `min_repeat_ms` shape the timing, `timeout` (seconds per candidate) bounds a batch;
+    the CPU runner's other options (threads, cache_flush, cold_constants) do not apply and are ignored. Batches run
+    in a worker process holding the GPU context (a fresh one after a kernel faults), or in this process through
+    `driver` where one is given (tests). Without the NVIDIA driver, run() raises InvalidTarget
+    (target.no_driver_message)."""
 
-    def __init__(self, target: Target | None = None, **options):
+    def __init__(
+        self,
+        target: Target | None = None,
+        repeat: int = 3,
+        number: int = 1,
+        min_repeat_ms: float = 0.0,
+        timeout: float = 10.0,
+        driver=None,
+        **ignored,
+    ):
         self.target = target or cuda_target()
-        self.options = options
+        self.options = {"repeat": repeat, "number": number, "min_repeat_ms": min_repeat_ms}
+        self.timeout, self.driver = timeout, driver
+        self.workdir = Path(tempfile.mkdtemp(prefix="tilefarm-cuda-ref-"))
+        weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
+        self._references: dict[str, CudaBuildResult] = {}
 
     @property
     def cache(self) -> str:
         return WARM
 
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
-        check_runs_here(self.target)
-        raise InvalidTarget(
-            "this host has a CUDA driver, but tilefarm's GPU runner (one process per GPU holding its context, "
-            "kernels loaded from the built cubins, timed with CUDA events and checked against the CPU reference: "
-            "issue 51, item 3) is not built yet; the candidates were built and assembled, none was measured"
-        )
+        if self.driver is None:
+            check_runs_here(self.target)
+        results: list[MeasureResult | None] = [None] * len(inputs)
+        pending = []
+        for i, (inp, b) in enumerate(zip(inputs, builds)):
+            ref = self._reference(inp.task)
+            if b.error is not None or b.path is None:
+                results[i] = MeasureResult((), b.error or BUILD, b.message, b.seconds, 0.0)
+            elif ref.path is None:
+                results[i] = MeasureResult((), UNKNOWN, f"the default schedule does not build: {ref.message}", 0, 0)
+            else:
+                pending.append((i, Job(b.path, ref.path, len(inp.task.dag.inputs))))
+        while pending:
+            t0 = time.perf_counter()
+            timings = self._measure([job for _, job in pending])
+            seconds = (time.perf_counter() - t0) / max(1, len(timings))
+            for (i, _), t in zip(pending, timings):
+                results[i] = MeasureResult(t.costs, t.error, t.message, builds[i].seconds, seconds)
+            pending = pending[len(timings) :]
+        return results  # type: ignore[return-value]
+
+    def _reference(self, task: Task) -> CudaBuildResult:
+        """The task's default schedule, built once."""
+        if task.key not in self._references:
+            steps = tuple(default_schedule(task.dag).steps)
+            path = str(self.workdir / f"ref{len(self._references)}.cuda")
+            self._references[task.key] = build_one(task.dag, steps, path, self.target)
+        return self._references[task.key]
+
+    def _measure(self, jobs: list[Job]) -> list[Timing]:
+        """Timings of a prefix of `jobs` (all of them unless a kernel faulted or hung: then the last is its error)."""
+        options = {**self.options, "seed": 0}
+        if self.driver is not None:
+            return measure_batch(jobs, options, self.driver)
+        pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            return pool.submit(measure_batch, jobs, options).result(timeout=self.timeout * len(jobs) + 30)
+        except cf.TimeoutError:
+            return [Timing((), RUN_TIMEOUT, f"the batch gave no answer within {self.timeout:.0f} s a candidate")]
+        except BrokenProcessPool:
+            return [Timing((), RUN, "the measuring process died (the candidate crashed it)")]
+        finally:
+            for proc in list(getattr(pool, "_processes", {}).values()):  # a hung kernel: end its process
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        pass
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> CudaRunner:
         return self
