@@ -438,3 +438,15 @@ def test_golden_tiled_matmul():
     c = np.zeros((8, 8), np.float32)
     gpu_interp.run(func, a, b, c)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_two_gemms_reading_one_input_share_nothing_but_the_input():
+    """C1 = A @ B and C2 = A @ D in one task: A gets one shared cache (in C1's tiles), C2 reads A from global memory."""
+    A, B, D = te.placeholder((8, 12), name="A"), te.placeholder((12, 8), name="B"), te.placeholder((12, 4), name="D")
+    state = default_schedule(ComputeDAG([A, B, D, ops.matmul(A, B, name="C1"), ops.matmul(A, D, name="C2")]))
+    assert [s.name for s in state.stages if s.scope == "shared"] == ["A.shared", "B.shared", "D.shared"]
+    a, b, d = (np.random.default_rng(3).standard_normal(t.shape).astype(np.float32) for t in (A, B, D))
+    c1, c2 = np.zeros((8, 8), np.float32), np.zeros((8, 4), np.float32)
+    gpu_interp.run(lower(state), a, b, d, c1, c2)
+    np.testing.assert_allclose(c1, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c2, a.astype(np.float64) @ d, rtol=1e-5, atol=1e-5)

@@ -161,6 +161,9 @@ def multi_level_tile(s: State, name: str, tiling: Tiling) -> State:
         s = s.cache_write(name, "local")
         outer, local = name, f"{name}.local"
     inputs = list(dict.fromkeys(s.stage(local).op.reads)) if tiling.shared and op.reduce_axes else []
+    # an input another anchor of the task already caches (Winograd's transform matrix, read by two of its stages)
+    # has its one shared cache there; this anchor reads it from global memory
+    inputs = [src for src in inputs if not any(st.name == f"{src}.shared" for st in s.stages)]
     for src in inputs:
         s = s.cache_read(src, "shared", [local])
     outer_axes = [a.name for a in s.stage(outer).op.axes]
