@@ -743,9 +743,36 @@ def indexing_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _requantize_ref(acc, mult, zp, bias):
+    per_channel = (slice(None), None, None)
+    q = np.rint((acc + bias[per_channel]).astype(np.float32) * mult[per_channel]) + zp.astype(np.float32)
+    return [np.clip(q, -128, 127).astype(np.int8)]
+
+
+def quantized_cases() -> list[Case]:
+    """The quantized ops (compiler/tensor/ops/quantized.py), exact; Requantize (tilefarm's own) against numpy."""
+    x, u8, s8 = f32(2, 3, 4) * 20, ints(2, 5, 6, dtype="uint8", lo=0, hi=256), ints(6, 4, dtype="int8", lo=-128, hi=128)
+    scale3, zp3 = pos(3), ints(3, dtype="int8", lo=-10, hi=10)
+    conv = {"kernel_shape": [3, 3], "strides": [1, 2], "pads": [1, 0, 1, 1], "dilations": [1, 1], "group": 1}
+    acc, mult = ints(1, 3, 2, 2, lo=-5000, hi=5000), (pos(3) * 0.01).astype(np.float32)
+    return [
+        Case("QuantizeLinear", [x, np.array(0.5, np.float32), np.array(3, np.uint8)], {"axis": None, "to": "uint8"},
+             {}, opset=21),
+        Case("QuantizeLinear", [x, scale3, zp3], {"axis": 1, "to": "int8"}, {"axis": 1}, opset=21),
+        Case("DequantizeLinear", [u8, np.array(0.1, np.float32), np.array(128, np.uint8)], {"axis": None}, {},
+             opset=21),
+        Case("DequantizeLinear", [ints(2, 3, dtype="int8", lo=-128, hi=128), scale3, zp3], {"axis": 1}, {}, opset=21),
+        Case("MatMulInteger", [u8, s8, np.array(7, np.uint8), ints(4, dtype="int8", lo=-3, hi=3)], opset=10),
+        Case("ConvInteger", [ints(1, 2, 5, 5, dtype="uint8", lo=0, hi=256), ints(3, 2, 3, 3, dtype="int8", lo=-128,
+             hi=128), np.array(100, np.uint8)], conv, opset=10),
+        Case("Requantize", [acc, mult, np.array(-3, np.int8), ints(3, lo=-100, hi=100)], {"axis": 1, "to": "int8"},
+             reference=_requantize_ref),
+    ]  # fmt: skip
+
+
 CASES = (
     unary_cases() + binary_cases() + bitshift_cases() + other_elementwise_cases() + reduce_cases() + nn_cases()
-    + transform_cases() + indexing_cases()
+    + transform_cases() + indexing_cases() + quantized_cases()
 )
 
 

@@ -59,6 +59,15 @@ Details the frontend (`compiler.model.onnx_import`) guarantees beyond that:
   carry the 5-D type.
 - `NCHWcToNCHW` (made by `propagate_nchwc`): one input N x C/b x H x W x b, output N x C x H x W; `channels` where C
   fills the last block only partly (its padding lanes are dropped).
+- Quantized ops (`compiler.model.onnx_import.quantized`): `QuantizeLinear(x, scale, zero_point?)` with `axis` (None
+  when the scale is one value, else the non-negative axis a 1-D scale and zero point run along) and `to` ("int8" or
+  "uint8"); `DequantizeLinear(x, scale, zero_point?)` with `axis` alike (x int8, uint8 or int32; a float32 result);
+  `MatMulInteger(A, B, a_zero_point?, b_zero_point?)` (int32; zero points one value, per row of A / column of B);
+  `ConvInteger(x, w, x_zero_point?, w_zero_point?)` with Conv's attributes (int32; w_zero_point one value or per
+  output channel); `Requantize(acc, multiplier, zero_point?, bias?)` with `axis` and `to` (tilefarm's own: int32
+  acc + bias, times the float32 multiplier, rounded half to even, plus the zero point, saturated).
+  QLinearMatMul and QLinearConv become MatMulInteger / ConvInteger then Requantize; DynamicQuantizeLinear becomes
+  ReduceMin/ReduceMax and elementwise ops for its scale and zero point, then QuantizeLinear.
 - Control flow (`compiler.model.onnx_import.control_flow`) runs closed subgraphs, each a `Graph` whose inputs are
   bound to the node's inputs by position:
   `If(cond, *free)` with `branches` = (then, else): `cond` a one-element bool; each branch takes `free` and gives the

@@ -24,12 +24,17 @@ _ANCHOR = (
     "Conv BlockedConv WinogradConv ConvTranspose MatMul PackedMatMul Gemm Dense MaxPool AveragePool GlobalAveragePool"
     " GlobalMaxPool"
 )
+# quantized ops (onnx_import/quantized.py): elementwise with a per-tensor or per-axis scale, and int32 products
+_QUANTIZED_BROADCAST = "QuantizeLinear DequantizeLinear Requantize"
+_QUANTIZED_ANCHOR = "MatMulInteger ConvInteger"
 PATTERNS: dict[str, int] = {
     **dict.fromkeys(_UNARY.split(), ELEMWISE),
     **dict.fromkeys(_BINARY.split(), BROADCAST),
     **dict.fromkeys(_INJECTIVE.split(), INJECTIVE),
     **dict.fromkeys(_REDUCE.split(), REDUCE),
     **dict.fromkeys(_ANCHOR.split(), ANCHOR),
+    **dict.fromkeys(_QUANTIZED_BROADCAST.split(), BROADCAST),
+    **dict.fromkeys(_QUANTIZED_ANCHOR.split(), ANCHOR),
 }  # anything else (Softmax, LayerNormalization, BatchNormalization, …) is OPAQUE: a task of its own
 
 

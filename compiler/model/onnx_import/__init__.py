@@ -53,12 +53,13 @@ from compiler.model.onnx_import.converters import (
     _Ctx,
     check_window,
 )
+from compiler.model.onnx_import.quantized import QUANTIZED
 from compiler.model.onnx_import.recurrent import RECURRENT
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "Budget", "OverBudget", "external_files", "load", "parse_input_shapes"]
 
 # op_type -> converter returning the normalized Node(s); its keys are the supported ONNX operators
-ONNX_OPS = {**CONVERTERS, **RECURRENT, **CONTROL_FLOW}
+ONNX_OPS = {**CONVERTERS, **RECURRENT, **CONTROL_FLOW, **QUANTIZED}
 
 MIN_OPSET = 11
 INLINE_DOMAIN = "tilefarm.inline"  # the domain ops are moved to while onnx's inliner expands their function bodies

@@ -32,6 +32,7 @@ from compiler.tensor.ops.nn import (
     row_sum,
 )
 from compiler.tensor.ops.norm import NORM_OPS, layer_norm, softmax
+from compiler.tensor.ops.quantized import QUANTIZED_OPS
 from compiler.tensor.ops.reduce import REDUCE_OPS
 from compiler.tensor.ops.transform import TRANSFORM_OPS
 from compiler.tensor.ops.winograd import WINOGRAD_OPS
@@ -44,6 +45,7 @@ OPS: dict[str, Builder] = {
     **LINALG_OPS,
     **NN_OPS,
     **NORM_OPS,
+    **QUANTIZED_OPS,
     **REDUCE_OPS,
     **TRANSFORM_OPS,
     **WINOGRAD_OPS,
