@@ -1,0 +1,278 @@
+"""Quantized ONNX models (QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, ConvInteger,
+QLinearMatMul, QLinearConv) imported, compiled with the default schedules and run, against onnxruntime and onnx's
+reference evaluator: integer outputs bit-exact, on random data plus edge values (ties at .5, saturation bounds,
+negative zero points). The models onnxruntime's own quantizer writes (quantize_static QDQ per-channel, and
+quantize_dynamic) compile and agree with onnxruntime's int8 run within one step of the output scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from compiler.artifact.build import run_in_process
+from compiler.base.errors import UnsupportedOp
+from compiler.model.onnx_import import load
+from compiler.tensor.tasks import plan_tasks
+
+RNG = np.random.default_rng(52)
+ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int8): TensorProto.INT8,
+        np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int32): TensorProto.INT32}  # fmt: skip
+
+
+def one_node(op: str, inputs: dict, consts: dict, out_dtype, opset: int = 21, n_out: int = 1, **attrs):
+    """A model of one `op` node: `inputs` (name -> array) are graph inputs, `consts` initializers (None: omitted)."""
+    names = [n if a is not None else "" for n, a in {**inputs, **consts}.items()]
+    outs = [f"y{k}" for k in range(n_out)]
+    node = helper.make_node(op, names, outs, **attrs)
+    graph = helper.make_graph(
+        [node],
+        op,
+        [helper.make_tensor_value_info(n, ELEM[a.dtype], a.shape) for n, a in inputs.items()],
+        [helper.make_tensor_value_info(o, ELEM[np.dtype(d)], None) for o, d in zip(outs, out_dtype)],
+        [numpy_helper.from_array(a, n) for n, a in consts.items() if a is not None],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def tilefarm(model, feeds: dict) -> list[np.ndarray]:
+    got = run_in_process(load(model), feeds)
+    return [got[o.name] for o in model.graph.output]
+
+
+def onnxruntime(model, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def check_exact(model, feeds: dict, reference: bool = True) -> list[np.ndarray]:
+    """tilefarm's outputs equal onnxruntime's (and the reference evaluator's) bit for bit, dtype included."""
+    got = tilefarm(model, feeds)
+    oracles = [onnxruntime(model, feeds)] + ([ReferenceEvaluator(model).run(None, feeds)] if reference else [])
+    for want in oracles:
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+    return got
+
+
+def u8(*shape: int) -> np.ndarray:
+    return RNG.integers(0, 256, shape).astype(np.uint8)
+
+
+def s8(*shape: int) -> np.ndarray:
+    return RNG.integers(-128, 128, shape).astype(np.int8)
+
+
+def f32(*values) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+# ---------------------------------------------------------------------------------------------- Q / DQ
+
+
+def test_quantize_linear_ties_saturation_and_negative_zero_point():
+    # scale 0.5: x / scale is exact, so k + 0.5 are true ties (2.5 -> 2, 3.5 -> 4, -2.5 -> -2); far values saturate
+    edges = f32(1.25, 1.75, -1.25, -1.75, 0.25, -0.25, 0.75, 1e6, -1e6, 63.0, 64.5, -64.5, -0.0, 0.0)
+    x = np.concatenate([edges, RNG.standard_normal(50).astype(np.float32) * 40])[None, :]
+    for zp in (np.array(-3, np.int8), np.array(7, np.uint8), np.array(-128, np.int8), np.array(255, np.uint8)):
+        model = one_node("QuantizeLinear", {"x": x}, {"scale": f32(0.5), "zp": zp}, [zp.dtype])
+        (y,) = check_exact(model, {"x": x})
+        lo, hi = np.iinfo(zp.dtype).min, np.iinfo(zp.dtype).max
+        assert y[0, 0] == np.clip(2 + int(zp), lo, hi) and y[0, 1] == np.clip(4 + int(zp), lo, hi)  # ties to even
+        assert y.min() == np.iinfo(zp.dtype).min and y.max() == np.iinfo(zp.dtype).max
+
+
+def test_quantize_linear_per_axis_and_default_zero_point():
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) * 10
+    scale, zp = f32(0.05, 0.2, 1.0 / 3.0), np.array([-5, 0, 100], np.int8)
+    check_exact(one_node("QuantizeLinear", {"x": x}, {"scale": scale, "zp": zp}, [np.int8], axis=1), {"x": x})
+    scale_last = (np.abs(RNG.standard_normal(5)) + 0.01).astype(np.float32)
+    model = one_node("QuantizeLinear", {"x": x}, {"scale": scale_last}, [np.uint8], axis=-1)
+    check_exact(model, {"x": x})  # no zero point: uint8, zero point 0
+
+
+def test_dequantize_linear_per_tensor_per_axis_and_int32():
+    x8 = s8(3, 4, 2)
+    model = one_node("DequantizeLinear", {"x": x8}, {"s": f32(0.1, 0.02, 3.5, 1e-3), "z": s8(4)}, [np.float32], axis=1)
+    check_exact(model, {"x": x8})
+    xu = u8(6, 7)
+    check_exact(one_node("DequantizeLinear", {"x": xu}, {"s": f32(0.37), "z": np.array(255, np.uint8)}, [np.float32]),
+                {"x": xu})  # fmt: skip
+    x32 = RNG.integers(-(2**20), 2**20, (5, 6)).astype(np.int32)
+    check_exact(one_node("DequantizeLinear", {"x": x32}, {"s": f32(1e-4)}, [np.float32]), {"x": x32})
+
+
+@pytest.mark.parametrize("kind", ["mixed", "positive", "negative", "zeros"])
+def test_dynamic_quantize_linear(kind):
+    x = RNG.standard_normal((4, 33)).astype(np.float32) * 3
+    x = {"mixed": x, "positive": np.abs(x) + 1, "negative": -np.abs(x) - 1, "zeros": np.zeros_like(x)}[kind]
+    model = one_node("DynamicQuantizeLinear", {"x": x}, {}, [np.uint8, np.float32, np.uint8], opset=11, n_out=3)
+    # the reference divides by a zero scale for a constant input; onnxruntime (and tilefarm) use scale 1 there
+    y, scale, zp = check_exact(model, {"x": x}, reference=kind != "zeros")
+    assert scale.shape == () and zp.shape == () and (kind != "zeros" or (scale == 1 and zp == 0 and not y.any()))
+
+
+# ---------------------------------------------------------------------------------------------- integer products
+
+
+def test_matmul_integer_zero_points_per_tensor_and_per_column():
+    a, b = u8(2, 5, 37), s8(37, 6)
+    consts = {"b": b, "az": np.array(131, np.uint8), "bz": s8(6)}
+    model = one_node("MatMulInteger", {"a": a}, consts, [np.int32], opset=10)
+    check_exact(model, {"a": a})
+    a2, b2 = s8(7, 9), s8(9, 4)
+    model = one_node("MatMulInteger", {"a": a2, "b": b2}, {"az": np.array(-128, np.int8)}, [np.int32], opset=10)
+    check_exact(model, {"a": a2, "b": b2})
+    # the product is kept as an int32 MatMulInteger: the float MatMul weight packing does not touch it
+    assert [n.op for n in plan_tasks(load(model))[2].nodes] == ["MatMulInteger"]
+
+
+def test_conv_integer_group_pads_strides_dilations():
+    x, w = u8(1, 4, 9, 8), s8(6, 2, 3, 3)
+    consts = {"w": w, "xz": np.array(77, np.uint8), "wz": np.array(-4, np.int8)}
+    model = one_node("ConvInteger", {"x": x}, consts, [np.int32], opset=10, group=2, pads=[1, 2, 0, 1],
+                     strides=[2, 1], dilations=[1, 2])  # fmt: skip
+    check_exact(model, {"x": x})
+    assert "Conv" not in [n.op for n in plan_tasks(load(model))[2].nodes]  # no float conv rewrite
+    # a per-output-channel weight zero point (onnxruntime takes only one value here: the reference decides)
+    consts = {"w": s8(5, 4, 1, 3), "xz": np.array(3, np.uint8), "wz": s8(5)}
+    model = one_node("ConvInteger", {"x": x}, consts, [np.int32], opset=10, auto_pad="SAME_UPPER")
+    got = tilefarm(model, {"x": x})
+    np.testing.assert_array_equal(got[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def _qlinear_matmul(a, b, scales, zps, b_scale):
+    a_s, y_s = scales
+    consts = {"a_s": f32(a_s), "a_z": zps[0], "b": b, "b_s": b_scale, "b_z": zps[1], "y_s": f32(y_s), "y_z": zps[2]}
+    return one_node("QLinearMatMul", {"a": a}, consts, [zps[2].dtype])
+
+
+def test_qlinear_matmul_requantization_ties_and_saturation():
+    # multiplier 0.5 * 0.25 / 0.25 = 0.5: every odd accumulator is a tie (the output zero point is even, where
+    # onnxruntime and onnx's reference agree on ties: see test_qlinear_conv_per_channel_bias_and_padding)
+    a, b = u8(3, 8, 16), u8(16, 5)
+    zps = (np.array(128, np.uint8), np.array(3, np.uint8), np.array(100, np.uint8))
+    (y,) = check_exact(_qlinear_matmul(a, b, (0.5, 0.25), zps, f32(0.25)), {"a": a})
+    assert y.min() == 0 and y.max() == 255
+    a8, b8 = s8(6, 20), s8(20, 7)
+    zps8 = (np.array(-7, np.int8), np.array(0, np.int8), np.array(-20, np.int8))
+    check_exact(_qlinear_matmul(a8, b8, (0.02, 0.3), zps8, f32(0.011)), {"a": a8})
+
+
+def test_qlinear_matmul_per_column_weight_scale():
+    a, b = u8(4, 12), s8(12, 6)
+    zps = (np.array(90, np.uint8), np.zeros(6, np.int8), np.array(3, np.uint8))
+    b_scale = (np.abs(RNG.standard_normal(6)) * 0.01 + 1e-3).astype(np.float32)
+    check_exact(_qlinear_matmul(a, b, (0.05, 0.07), zps, b_scale), {"a": a})
+
+
+def test_qlinear_conv_per_channel_bias_and_padding():
+    x, w = u8(1, 3, 10, 9), s8(8, 3, 3, 3)
+    bias = RNG.integers(-5000, 5000, 8).astype(np.int32)
+    w_s = (np.abs(RNG.standard_normal(8)) * 0.005 + 1e-3).astype(np.float32)
+    consts = {"x_s": f32(0.03), "x_z": np.array(120, np.uint8), "w": w, "w_s": w_s, "w_z": np.zeros(8, np.int8),
+              "y_s": f32(0.08), "y_z": np.array(110, np.uint8), "b": bias}  # fmt: skip
+    model = one_node("QLinearConv", {"x": x}, consts, [np.uint8], opset=10, pads=[1, 1, 1, 1], strides=[2, 1])
+    check_exact(model, {"x": x})
+    # int8 activations, grouped (depthwise), one weight scale, ties (multiplier 0.5) and an odd output zero point:
+    # onnxruntime rounds acc * multiplier, then adds the zero point; onnx's reference adds it before rounding, so a
+    # tie lands on the other integer there. tilefarm follows onnxruntime
+    x8, w8 = s8(1, 4, 6, 6), s8(4, 1, 3, 3)
+    consts = {"x_s": f32(0.5), "x_z": np.array(-3, np.int8), "w": w8, "w_s": f32(0.25), "w_z": np.array(0, np.int8),
+              "y_s": f32(0.25), "y_z": np.array(5, np.int8)}  # fmt: skip
+    check_exact(one_node("QLinearConv", {"x": x8}, consts, [np.int8], opset=10, group=4), {"x": x8}, reference=False)
+
+
+def test_blocked_quantization_is_refused_by_name():
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    model = one_node("QuantizeLinear", {"x": x}, {"s": np.ones((4, 3), np.float32)}, [np.uint8], axis=1, block_size=2)
+    with pytest.raises(UnsupportedOp, match="block_size=2"):
+        load(model)
+
+
+# ---------------------------------------------------------------------------------------------- quantizer output
+
+
+class _Calibration:
+    """onnxruntime's CalibrationDataReader over a few synthetic inputs."""
+
+    def __init__(self, name: str, arrays: list[np.ndarray]):
+        self.feeds = iter([{name: a} for a in arrays])
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def _within_one_step(got: np.ndarray, want: np.ndarray, step: float) -> None:
+    close = np.abs(got.astype(np.float64) - want) <= step * (1 + 1e-6)
+    assert close.mean() >= 0.999, f"{(~close).sum()} of {close.size} elements differ by more than one step {step}"
+
+
+def _float_model(nodes, inits, x_shape, y_shape):
+    graph = helper.make_graph(
+        nodes,
+        "net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_quantize_static_qdq_per_channel_conv_net(tmp_path):
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fb"], ["y"], transB=1),
+    ]
+    inits = {"w1": RNG.standard_normal((8, 3, 3, 3)) * 0.3, "b1": RNG.standard_normal(8) * 0.1,
+             "w2": RNG.standard_normal((16, 8, 3, 3)) * 0.2, "b2": RNG.standard_normal(16) * 0.1,
+             "fc": RNG.standard_normal((10, 16)) * 0.3, "fb": RNG.standard_normal(10) * 0.1}  # fmt: skip
+    float_path, int8_path = tmp_path / "net.onnx", tmp_path / "net.int8.onnx"
+    float_path.write_bytes(_float_model(nodes, inits, [1, 3, 16, 16], [1, 10]).SerializeToString())
+    calib = [RNG.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(8)]
+    quantize_static(str(float_path), str(int8_path), _Calibration("x", calib), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    model = __import__("onnx").load(str(int8_path))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    y_scale = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == _output_scale(model))
+    for x in [RNG.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(3)]:
+        (got,), (want,) = tilefarm(model, {"x": x}), onnxruntime(model, {"x": x})
+        _within_one_step(got, want, float(y_scale))
+
+
+def _output_scale(model) -> str:
+    """The scale initializer of the DequantizeLinear that gives the graph's output."""
+    out = model.graph.output[0].name
+    return next(n.input[1] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == out)
+
+
+def test_quantize_dynamic_matmul_net(tmp_path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    inits = {"w1": RNG.standard_normal((32, 48)) * 0.2, "w2": RNG.standard_normal((48, 16)) * 0.2}
+    float_path, int8_path = tmp_path / "mlp.onnx", tmp_path / "mlp.int8.onnx"
+    float_path.write_bytes(_float_model(nodes, inits, [4, 32], [4, 16]).SerializeToString())
+    quantize_dynamic(str(float_path), str(int8_path), weight_type=QuantType.QInt8)
+    model = __import__("onnx").load(str(int8_path))
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in model.graph.node}
+    for x in [RNG.standard_normal((4, 32)).astype(np.float32) for _ in range(3)]:
+        (got,), (want,) = tilefarm(model, {"x": x}), onnxruntime(model, {"x": x})
+        # the float output has no quantization step of its own: the int32 products are exact, so only float32
+        # rounding in the scale products separates the two
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
