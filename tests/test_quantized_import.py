@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler.artifact.build import run_in_process
-from compiler.base.errors import UnsupportedOp
+from compiler.base.errors import InvalidModel, UnsupportedOp
 from compiler.model.onnx_import import load
 from compiler.tensor.tasks import plan_tasks
 
@@ -130,6 +130,14 @@ def test_matmul_integer_zero_points_per_tensor_and_per_column():
     assert [n.op for n in plan_tasks(load(model))[2].nodes] == ["MatMulInteger"]
 
 
+def test_matmul_integer_per_row_a_zero_point():
+    # the spec's per-row a_zero_point (onnxruntime takes one value; onnx's reference broadcasts it along K): numpy
+    a, b, az, bz = u8(5, 9), s8(9, 3), u8(5), s8(3)
+    model = one_node("MatMulInteger", {"a": a}, {"b": b, "az": az, "bz": bz}, [np.int32], opset=10)
+    want = (a.astype(np.int32) - az[:, None].astype(np.int32)) @ (b.astype(np.int32) - bz.astype(np.int32))
+    np.testing.assert_array_equal(tilefarm(model, {"a": a})[0], want)
+
+
 def test_conv_integer_group_pads_strides_dilations():
     x, w = u8(1, 4, 9, 8), s8(6, 2, 3, 3)
     consts = {"w": w, "xz": np.array(77, np.uint8), "wz": np.array(-4, np.int8)}
@@ -191,6 +199,34 @@ def test_blocked_quantization_is_refused_by_name():
     model = one_node("QuantizeLinear", {"x": x}, {"s": np.ones((4, 3), np.float32)}, [np.uint8], axis=1, block_size=2)
     with pytest.raises(UnsupportedOp, match="block_size=2"):
         load(model)
+
+
+def test_bad_quantization_parameters_are_named():
+    x = RNG.standard_normal((2, 4, 3)).astype(np.float32)
+    model = one_node("QuantizeLinear", {"x": x}, {"s": f32(0.1, 0.2, 0.3), "z": s8(3)}, [np.int8], axis=1)
+    with pytest.raises(InvalidModel, match=r"scale has shape \[3\].*along axis 1 .* needs 4 values"):
+        load(model)
+    a, b = u8(2, 3), u8(3, 4)
+    consts = {"a_s": f32(0.1, 0.2), "a_z": np.array(1, np.uint8), "b": b, "b_s": f32(0.1), "b_z": np.array(2, np.uint8),
+              "y_s": f32(0.3), "y_z": np.array(3, np.uint8)}  # fmt: skip
+    with pytest.raises(UnsupportedOp, match="input scale has shape \\[2\\]"):
+        load(one_node("QLinearMatMul", {"a": a}, consts, [np.uint8]))
+
+
+def test_contrib_quantized_ops_are_reported_by_name():
+    # onnxruntime's com.microsoft ops (QLinearAdd, QLinearConcat, ...) are not compiled yet: named, all at once
+    nodes = [helper.make_node(op, ["x", "s", "z", "x", "s", "z", "s", "z"], [f"{op}_y"], domain="com.microsoft")
+             for op in ("QLinearAdd", "QLinearMul")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes + [helper.make_node("Add", ["QLinearAdd_y", "QLinearMul_y"], ["y"])],
+        "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [2, 3])],
+        [numpy_helper.from_array(f32(0.1), "s"), numpy_helper.from_array(np.array(3, np.uint8), "z")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    with pytest.raises(UnsupportedOp, match="com.microsoft.QLinearAdd.*com.microsoft.QLinearMul"):
+        load(helper.make_model(graph, opset_imports=opsets, ir_version=9))
 
 
 # ---------------------------------------------------------------------------------------------- quantizer output

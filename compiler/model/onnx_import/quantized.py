@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from compiler.base.errors import InvalidModel
 from compiler.model.graph import Node, Value
 from compiler.model.onnx_import.converters import _axis, _CannotConvert, _Ctx, _window_attrs
 
@@ -30,7 +31,16 @@ def _axis_of(ctx: _Ctx, scale: Value, rank: int) -> int | None:
         )
     if len(scale.shape) == 0 or int(np.prod(scale.shape)) == 1:
         return None
-    return _axis(int(ctx.attrs.get("axis", 1)), rank)
+    axis = _axis(int(ctx.attrs.get("axis", 1)), rank)
+    extent = ctx.inputs[0].shape[axis]
+    zp = ctx.input(2)
+    for v, what in ((scale, "scale"), (zp, "zero point")):
+        if v is not None and tuple(v.shape) != (extent,):
+            raise InvalidModel(
+                f"{ctx.op} node {ctx.name!r}: the {what} has shape {list(v.shape)}, but a per-axis {what} along axis "
+                f"{axis} of the {list(ctx.inputs[0].shape)} input needs {extent} values"
+            )
+    return axis
 
 
 def _quantized_out(ctx: _Ctx, value: Value) -> str:
@@ -124,7 +134,21 @@ def _multiplier(ctx: _Ctx, x_scale: Value, w_scale: Value, y_scale: Value, nodes
 
 
 def _requantized(ctx: _Ctx, integer: Node, scales: tuple[Value, Value, Value], bias: Value | None, axis: int):
-    """The int32 `integer` node, then Requantize into the node's output (zero point input 7 of both QLinear ops)."""
+    """The int32 `integer` node, then Requantize into the node's output (zero point input 7 of both QLinear ops):
+    only the weight's scale (and the bias) may be per output channel / column, as onnxruntime has it."""
+    extent = ctx.outputs[0].shape[axis]
+    for v, what in ((scales[0], "input scale"), (scales[2], "output scale"), (ctx.input(7), "output zero point")):
+        if v is not None and int(np.prod(v.shape)) != 1:
+            raise _CannotConvert(
+                f"{ctx.op} node {ctx.name!r}: the {what} has shape {list(v.shape)}; tilefarm takes one value there "
+                "(a per-row or per-channel one is not supported)"
+            )
+    for v, what in ((scales[1], "weight scale"), (bias, "bias")):
+        if v is not None and int(np.prod(v.shape)) not in (1, extent):
+            raise InvalidModel(
+                f"{ctx.op} node {ctx.name!r}: the {what} has shape {list(v.shape)}; it must be one value or "
+                f"{extent}, one per output {'channel' if axis == 1 and ctx.op == 'QLinearConv' else 'column'}"
+            )
     nodes = [integer]
     mult = _multiplier(ctx, *scales, nodes)
     y = ctx.outputs[0]
