@@ -287,6 +287,29 @@ def test_quantize_static_qdq_per_channel_conv_net(tmp_path):
         _within_one_step(got, want, float(y_scale))
 
 
+def test_quantize_static_qoperator_conv_net_is_exact(tmp_path):
+    # QOperator form: QuantizeLinear -> QLinearConv -> QLinearConv -> DequantizeLinear; every step is integer or
+    # the same float32 arithmetic as onnxruntime's, so the outputs are equal
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=2),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], strides=[2, 2]),
+    ]
+    inits = {"w1": RNG.standard_normal((8, 2, 3, 3)) * 0.3, "b1": RNG.standard_normal(8) * 0.1,
+             "w2": RNG.standard_normal((6, 8, 3, 3)) * 0.2, "b2": RNG.standard_normal(6) * 0.1}  # fmt: skip
+    float_path, int8_path = tmp_path / "net.onnx", tmp_path / "net.qop.onnx"
+    float_path.write_bytes(_float_model(nodes, inits, [1, 4, 12, 12], [1, 6, 6, 6]).SerializeToString())
+    calib = [RNG.standard_normal((1, 4, 12, 12)).astype(np.float32) for _ in range(8)]
+    quantize_static(str(float_path), str(int8_path), _Calibration("x", calib), quant_format=QuantFormat.QOperator,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    model = __import__("onnx").load(str(int8_path))
+    assert [n.op_type for n in model.graph.node].count("QLinearConv") == 2
+    for x in [RNG.standard_normal((1, 4, 12, 12)).astype(np.float32) for _ in range(2)]:
+        np.testing.assert_array_equal(tilefarm(model, {"x": x})[0], onnxruntime(model, {"x": x})[0])
+
+
 def _output_scale(model) -> str:
     """The scale initializer of the DequantizeLinear that gives the graph's output."""
     out = model.graph.output[0].name

@@ -54,6 +54,11 @@ def _quantized_out(ctx: _Ctx, value: Value) -> str:
 
 def QuantizeLinear(ctx: _Ctx) -> list[Node]:
     x, scale = ctx.inputs[0], ctx.inputs[1]
+    if x.dtype != "float32" or scale.dtype != "float32":
+        raise _CannotConvert(
+            f"QuantizeLinear node {ctx.name!r}: input {x.dtype} with a {scale.dtype} scale is not supported; tilefarm "
+            "quantizes float32 with a float32 scale"
+        )
     to = _quantized_out(ctx, ctx.outputs[0])
     axis = _axis_of(ctx, scale, len(x.shape))
     return [ctx.node("QuantizeLinear", [x, scale, ctx.input(2)], {"axis": axis, "to": to})]
