@@ -15,6 +15,7 @@ import pytest
 from compiler.artifact.runtime import Artifact, ArtifactError
 from compiler.base.errors import InvalidProgram, InvalidTarget, MissingExtra
 from compiler.costs.measure import INSTANTIATION, MeasureInput
+from compiler.costs.records import target_name
 from compiler.model.onnx_import import load
 from compiler.schedule.state import Split
 from compiler.search.evolution import SearchParams
@@ -448,3 +449,10 @@ def test_the_runner_checks_candidates_against_the_default_schedule_and_times_the
     assert crashed.error == RUN and "kernel crashed" in crashed.message
     assert again.error is None and again.costs == ok.costs
     assert failed.error == INSTANTIATION
+
+
+@pytest.mark.parametrize("text", ["cuda", "cuda -arch=sm_80"])
+def test_records_of_a_cuda_target_are_filed_under_its_tvmc_target_string(text):
+    target = parse_target(text)
+    assert target_name(target) == backend_for(target).target_name(target) == f"cuda -arch={target.mcpu}"
+    assert parse_target(target_name(target)) == target

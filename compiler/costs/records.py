@@ -257,7 +257,10 @@ class JSONLinesDatabase:
 
 
 def target_name(target: Target) -> str:
-    """The target string records are filed under, as tvmc writes it (compiler.targets.parse_target reads it back)."""
+    """The target string records are filed under, as tvmc writes it (compiler.targets.parse_target reads it back):
+    "llvm -mcpu=znver5 [-mattr=...]" for a CPU, "cuda -arch=sm_90" for a GPU (its mcpu is the architecture)."""
+    if target.kind == "cuda":
+        return f"cuda -arch={target.mcpu}"
     return f"llvm -mcpu={target.mcpu}" + (f" -mattr={target.mattr}" if target.mattr else "")
 
 
