@@ -68,7 +68,7 @@ CORPUS = [
     Model("ddddocr-ocr", DDDDOCR, "ddddocr/common.onnx", "PyTorch (TorchScript)", "captcha OCR (CNN + LSTM)",
           {"input1": [1, 1, 64, 160]}),
     Model("ddddocr-ocr-int8", DDDDOCR, "ddddocr/common_old.onnx", "onnxruntime quantizer",
-          "captcha OCR (int8 CNN+LSTM)", {"input1": [1, 1, 64, 160]}, gap="DynamicQuantizeLinear"),
+          "captcha OCR (int8 CNN+LSTM)", {"input1": [1, 1, 64, 160]}, gap="com.microsoft.DynamicQuantizeLSTM"),
     Model("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", "tf2onnx (jax2tf)",
           "file type from bytes", {"bytes": [1, 2048]}),
     Model("magika-v1", "magika==0.5.1", "magika/models/standard_v1/model.onnx", "tf2onnx (Keras)",
