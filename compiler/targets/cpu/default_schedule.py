@@ -190,7 +190,7 @@ def _tile_anchor(
 
 
 def _traffic(s: State, name: str, order: list[str], extents: dict[str, int], axis_of: dict[str, str]) -> int:
-    """Bytes the tile loops in `order` (outermost first) read: each input of reduction `name` once, times the trips
+    """Elements the tile loops in `order` (outermost first) read: each input of reduction `name` once, times the trips
     of the loops it does not depend on that run outside the innermost loop it does (its data is read again on each;
     an input whose loops are all inside them is read once). With a 128 x 3072 by 3072 x 768 GEMM (BERT's FFN), rows
     outside columns read the 9.4 MB weight 16 times, from L3; columns outside rows read the 1.5 MB input 24 times,
