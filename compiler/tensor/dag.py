@@ -174,6 +174,19 @@ class ComputeDAG:
         return all(at_own_index(ld, c.axes) for ld in te.loads(c.body) if ld.buffer == producer)
 
 
+def feeding_reduction(dag: ComputeDAG, name: str) -> Op | None:
+    """The reduction whose result reaches stage `name` through stages that each read one computed stage (an
+    epilogue's bias add and activation), or `name`'s own op if it is one; None where a stage on the way reads more
+    computed stages than one, or none."""
+    op = dag.op(name)
+    while not op.reduce_axes:
+        reads = [r for r in op.reads if not dag.op(r).is_placeholder]
+        if len(reads) != 1:
+            return None
+        op = dag.op(reads[0])
+    return op
+
+
 def strictly_inlinable(op: Op) -> bool:
     """Elementwise in its own axis order, no reduction, no branch, no expensive intrinsic (Ansor's predicate; the
     caller excludes outputs)."""

@@ -16,7 +16,7 @@ from compiler.schedule.simplify import linear
 from compiler.schedule.state import State, initial_state
 from compiler.targets.cpu.host import host, vector_registers
 from compiler.tensor import te
-from compiler.tensor.dag import ComputeDAG, at_own_index
+from compiler.tensor.dag import ComputeDAG, at_own_index, feeding_reduction
 from compiler.tensor.te import Load
 
 MIN_PARALLEL_WORK = 1 << 15  # waking a worker costs ~10 us: below this many loop iterations one thread is faster
@@ -217,17 +217,11 @@ def _depthwise_input(s: State, name: str) -> str | None:
     if op.tag != "conv2d_nchw_blocked" or len(op.axes) != 5:
         return None
     for ld in _loads(s, op.body):
-        producer = s.stage(ld.buffer)
-        if producer.op.is_placeholder:
+        if s.stage(ld.buffer).op.is_placeholder:
             continue
-        seen = producer
-        while not seen.op.reduce_axes:
-            reads = [x for x in _loads(s, seen.op.body) if not s.stage(x.buffer).op.is_placeholder]
-            if len(reads) != 1:
-                break
-            seen = s.stage(reads[0].buffer)
-        if seen.op.tag == "depthwise_conv2d_nchwc":
-            return producer.name
+        reduction = feeding_reduction(s.dag, ld.buffer)
+        if reduction is not None and reduction.tag == "depthwise_conv2d_nchwc":
+            return ld.buffer
     return None
 
 

@@ -21,7 +21,14 @@ from compiler.schedule.matrix_transform import is_matrix_transform, transform_st
 from compiler.schedule.state import FollowSplit, Fuse, Rfactor, Split, State, Step, initial_state
 from compiler.targets.cpu.host import host
 from compiler.tensor import te
-from compiler.tensor.dag import ComputeDAG, Op, at_own_index, needs_multi_level_tiling, strictly_inlinable
+from compiler.tensor.dag import (
+    ComputeDAG,
+    Op,
+    at_own_index,
+    feeding_reduction,
+    needs_multi_level_tiling,
+    strictly_inlinable,
+)
 
 TILE_STRUCTURE = "SSRSRS"  # Ansor's CPU multi-level tiling: space and reduction tile levels, outermost first
 MAX_SKETCHES = 64
@@ -307,14 +314,9 @@ class ProducerAtConsumerTile(Rule):
 
 
 def _tiled_producer(state: State, name: str) -> bool:
-    """Whether `name` reads, through inlinable elementwise stages, a reduction that needs multi-level tiling."""
-    seen = state.stage(name).op
-    while not seen.reduce_axes:
-        reads = [r for r in seen.reads if not state.stage(r).op.is_placeholder]
-        if len(reads) != 1:
-            return False
-        seen = state.stage(reads[0]).op
-    return needs_multi_level_tiling(seen)
+    """Whether `name` reads, through elementwise stages, a reduction that needs multi-level tiling."""
+    reduction = feeding_reduction(state.dag, name)
+    return reduction is not None and needs_multi_level_tiling(reduction)
 
 
 def _tile_holder(state: State, consumer: str) -> tuple[str, list[str], list[str]] | None:
