@@ -21,10 +21,12 @@ from compiler.model.passes import (
     remove_unused,
     winograd_convs,
 )
+from compiler.model.quant_fold import fold_qdq
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("remove_unused", remove_unused),
     ("remove_identity", remove_identity),
+    ("fold_qdq", fold_qdq),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
     ("pack_matmul_weights", pack_matmul_weights),
