@@ -116,7 +116,7 @@ def _build(funcs, target: Target | None, pic: bool) -> tuple[list[Func], llvm.Mo
     funcs = list(funcs)
     target = target or host()
     tm = _target_machine(target, pic)
-    text = generate(funcs, target.vector_bytes if _libmvec() else 0)
+    text = generate(funcs, target.vector_bytes if _libmvec() else 0, target.features)
     mod = _optimize(text, tm, funcs[0].name if funcs else "module")
     _dump(funcs, mod, tm)
     return funcs, mod, tm
@@ -235,7 +235,8 @@ def link_shared_library(path, inputs, libs=()) -> Path:
 def llvm_ir(funcs, target: Target | None = None, optimized: bool = True) -> str:
     """The LLVM IR module for `funcs`, after LLVM's O3 pipeline unless `optimized` is False."""
     if not optimized:
-        return generate(list(funcs), (target or host()).vector_bytes if _libmvec() else 0)
+        target = target or host()
+        return generate(list(funcs), target.vector_bytes if _libmvec() else 0, target.features)
     return str(_build(funcs, target, pic=False)[1])
 
 

@@ -26,6 +26,7 @@ from compiler.base import dtypes
 from compiler.base.arrays import ALIGN
 from compiler.base.errors import BuildError
 from compiler.schedule.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
+from compiler.targets.cpu.codegen import dot4
 from compiler.targets.cpu.codegen.lanes import coeff, has_hazard, referenced, uses, vectorizable
 from compiler.targets.cpu.codegen.memory import fits_stack, nbytes, plan_scratch
 from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
@@ -148,9 +149,10 @@ _FOLD = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__, "floordiv":
 class _ModuleEmitter:
     """One LLVM module: the kernels, their outlined parallel bodies and the helpers they call."""
 
-    def __init__(self, name: str, libmvec_bytes: int):
+    def __init__(self, name: str, libmvec_bytes: int, features: str = ""):
         self.module = ir.Module(name=name)
         self.libmvec_bytes = libmvec_bytes if libmvec_bytes in _LIBMVEC_ISA else 0
+        self.dot4_isa = dot4.Dot4ISA.of(features)
         nthreads = ir.GlobalVariable(self.module, I32, NUM_THREADS_GLOBAL)
         nthreads.initializer = ir.Constant(I32, 0)
         self.num_threads = nthreads
@@ -203,6 +205,13 @@ class _ModuleEmitter:
     def coeff(self, e: Expr, var: str) -> int | None:
         """codegen.lanes.coeff, once per expression node and variable."""
         return self._lane_fact(coeff, e, var)
+
+    def dot4(self, s: Store, var: str) -> dot4.Dot4 | None:
+        """codegen.dot4.match, once per store node and lane variable."""
+        return self._lane_fact(self._match_dot4, s, var)
+
+    def _match_dot4(self, s: Store, var: str) -> dot4.Dot4 | None:
+        return dot4.match(s, var, self.coeff)
 
     def _lane_fact(self, fact: Callable, node, var: str | None) -> Any:
         key = (fact, id(node), var)
@@ -511,7 +520,9 @@ class _FnEmitter:
 
     def store(self, s: Store) -> None:
         ptr, dtype = self.buffer(s.buffer)
-        value = self.to_memory(self.convert(self.expr(s.value), s.value.dtype, dtype), dtype)
+        value = self.dot4(s) if dtype == "int32" else None
+        if value is None:
+            value = self.to_memory(self.convert(self.expr(s.value), s.value.dtype, dtype), dtype)
         align = dtypes.itemsize(dtype)
         elem = _memory_type(dtype)
         if self.lanes is None or not self.mod.uses(s.index, self.lanes.var):
@@ -539,6 +550,55 @@ class _FnEmitter:
         fn = self.mod.intrinsic("llvm.masked.scatter", VOID, [value.type, addrs.type, I32, self.lane_mask().type],
                                 [value.type, addrs.type])
         self.b.call(fn, [value, addrs, ir.Constant(I32, align), self.lane_mask()])
+
+    def dot4(self, s: Store) -> ir.Value | None:
+        """The value of a vectorized `acc + dot4` store through the target's dot-product instructions
+        (codegen.dot4), or None when `s` is not one or the target has no form for its lane count."""
+        lanes = self.lanes
+        if lanes is None or self.mask is not None:
+            return None
+        form = self.mod.dot4_isa.chunk(lanes.width)
+        m = self.mod.dot4(s, lanes.var) if form is not None else None
+        if m is None or form is None:
+            return None
+        chunk, vnni = form
+        bytes_ty = ir.VectorType(I8, dot4.DOT * chunk)
+        acc = self.expr(m.acc)
+        a_ptr, _ = self.buffer(m.a.buffer)
+        a4 = self.b.load(self.b.gep(a_ptr, [self.index(m.a.indices[0])], source_etype=I8), typ=I32, align=1)
+        a_bytes = self.b.bitcast(self.splat(a4, chunk), bytes_ty)  # the row's 4 activation bytes in every lane
+        w_ptr, _ = self.buffer(m.w.buffer)
+        w_at = self.index_at_start(m.w.indices[0])
+        out = []
+        for c in range(lanes.width // chunk):
+            addr = self.b.gep(w_ptr, [self.b.add(w_at, ir.Constant(I64, dot4.DOT * chunk * c))], source_etype=I8)
+            w = self.b.load(addr, typ=bytes_ty, align=1)
+            part = self.lanes_slice(acc, c * chunk, chunk)
+            out.append(self.vpdpbusd(part, a_bytes, w) if vnni else self.maddubs_dot(part, a_bytes, w))
+        return self.concat(out, lanes.width)
+
+    def vpdpbusd(self, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+        """acc + the 4-byte dot products of u8 `a` and s8 `w` per int32 lane (AVX512-VNNI / AVX-VNNI)."""
+        bits = acc.type.count * 32
+        fn = self.mod.function(f"llvm.x86.avx512.vpdpbusd.{bits}", acc.type, [acc.type, a.type, w.type])
+        return self.b.call(fn, [acc, a, w])
+
+    def maddubs_dot(self, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+        """vpdpbusd without VNNI, exact: vpmaddubsw on w's low 6 bits and on its high part w >> 6, each pair sum
+        within int16 (codegen.dot4), widened by vpmaddwd with 1 and with 64."""
+        lanes = acc.type.count
+        words = ir.VectorType(I16, 2 * lanes)
+        if lanes == 16:
+            maddubs, maddwd = "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"
+        else:
+            maddubs, maddwd = "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"
+        ubs = self.mod.function(maddubs, words, [a.type, a.type])
+        wd = self.mod.function(maddwd, acc.type, [words, words])
+        low = self.b.and_(w, _filled(w.type, 63))
+        high = self.b.ashr(w, _filled(w.type, 6))
+        lo = self.b.call(wd, [self.b.call(ubs, [a, low]), _filled(words, 1)])
+        hi = self.b.call(wd, [self.b.call(ubs, [a, high]), _filled(words, 64)])
+        return self.b.add(acc, self.b.add(lo, hi))
 
     # ------------------------------------------------------------------------------------------ memory
 
@@ -992,15 +1052,16 @@ def scratch_bytes_symbol(kernel: str) -> str:
     return f"{kernel}_scratch_bytes"
 
 
-def generate(funcs: list[Func], libmvec_bytes: int = 0) -> str:
+def generate(funcs: list[Func], libmvec_bytes: int = 0, features: str = "") -> str:
     """The LLVM IR module (text) holding every kernel of `funcs`; with `libmvec_bytes` (the vector register size)
-    vector exp/log/tanh/erf/pow call glibc's libmvec instead of libm once per lane."""
+    vector exp/log/tanh/erf/pow call glibc's libmvec instead of libm once per lane; `features` (LLVM's, of the
+    target) pick the integer dot-product instructions (codegen.dot4)."""
     names = [f.name for f in funcs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise BuildError(f"kernel names must be unique, repeated: {sorted(dup)}")
     # no kernels (a model that folded to constants): the module holds the thread-count global alone
-    mod = _ModuleEmitter(funcs[0].name if funcs else "kernels", libmvec_bytes)
+    mod = _ModuleEmitter(funcs[0].name if funcs else "kernels", libmvec_bytes, features)
     for f in funcs:
         mod.emit(f)
     return str(mod.module)
