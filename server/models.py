@@ -253,6 +253,8 @@ class WorkerRow(Base):
     kind: Mapped[str] = mapped_column(String(16))  # cpu, gpu, npu; "search" for a search-only worker
     fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
     target: Mapped[Any | None] = mapped_column(JSON)  # compiler.base.target.Target's fields
+    # a GPU worker's GPU: name, SMs, compute capability, memory, CUDA and driver versions, clocks (GpuFingerprint)
+    device: Mapped[Any | None] = mapped_column(JSON)
     queues: Mapped[Any] = mapped_column(JSON)
     pid: Mapped[int | None] = mapped_column(Integer)
     hostname: Mapped[str | None] = mapped_column(String(255))

@@ -22,8 +22,14 @@ BROKER_SOCKET_TIMEOUT_S = 10.0
 VERIFY_RECORDS = "tilefarm.verify_records"  # re-measure imported records (server.trust)
 
 
+# the hardware kind a target kind is measured on, the middle of its queue's name: a cuda target's host class is a GPU
+HARDWARE = {"cpu": "cpu", "cuda": "gpu"}
+
+
 def measure_queue(fingerprint: str, kind: str = "cpu") -> str:
-    return f"measure.{kind}.{fingerprint}"
+    """The queue of host class `fingerprint`: measure.cpu.<fingerprint>, measure.gpu.<fingerprint> for a target kind
+    cuda (a GPU's fingerprint: compiler.targets.cuda.fingerprint)."""
+    return f"measure.{HARDWARE.get(kind, kind)}.{fingerprint}"
 
 
 def make_celery(settings: Settings) -> Celery:

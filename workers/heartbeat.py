@@ -19,9 +19,8 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_shutdown, worker_shutting_down
 
-from compiler.targets import host_target
 from server.settings import Settings
-from workers import progress, spool
+from workers import measuring, progress, spool
 from workers.celery_app import SEARCH_QUEUE
 from workers.dispatch import enqueue_compile, enqueue_job
 from workers.outage import DATABASE_DOWN, DOWN, first_line, limit_idle_transactions, patiently
@@ -77,7 +76,7 @@ def _on_setup(sender=None, instance=None, **_) -> None:
     node.name = str(sender)
     queues = sorted(instance.app.amqp.queues.consume_from)
     node.reaps = SEARCH_QUEUE in queues
-    host = host_target()
+    host = measuring.current()  # this CPU, or the GPU `tilefarm worker --gpu N` measures on
     name = node.name
     # a worker that starts while the database is down waits for it (it could not take work without its row)
     patiently(
@@ -87,8 +86,9 @@ def _on_setup(sender=None, instance=None, **_) -> None:
             node.settings,
             name,
             kind=worker_kind(queues),
-            fingerprint=host.fingerprint(),
-            target=dataclasses.asdict(host),
+            fingerprint=host.fingerprint,
+            target=measuring.as_fields(host),
+            device=host.device(),
             queues=queues,
             pid=os.getpid(),
             hostname=socket.gethostname(),

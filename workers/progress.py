@@ -437,14 +437,16 @@ def register_worker(
     queues: list[str],
     pid: int,
     hostname: str,
+    device: dict[str, Any] | None = None,
 ) -> None:
-    """Insert or refresh the worker's row (by node name): a restarted worker keeps its measurement count."""
+    """Insert or refresh the worker's row (by node name): a restarted worker keeps its measurement count. `device`:
+    a GPU worker's GPU as its driver reports it (compiler.targets.cuda.fingerprint.GpuFingerprint.fields)."""
     with session_scope(settings) as s:
         row = s.scalars(select(WorkerRow).where(WorkerRow.name == name).with_for_update()).first()
         if row is None:
             row = WorkerRow(name=name, measurements_done=0)
             s.add(row)
-        row.kind, row.fingerprint, row.target, row.queues = kind, fingerprint, target, queues
+        row.kind, row.fingerprint, row.target, row.queues, row.device = kind, fingerprint, target, queues, device
         row.pid, row.hostname, row.started_at, row.last_heartbeat = pid, hostname, now(), now()
         row.current_batch, row.stopped = None, False
 

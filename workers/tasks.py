@@ -27,11 +27,21 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 
 from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
-from compiler.costs.measure import INSTANTIATION, UNKNOWN, MeasureInput, MeasureResult, measure, to_record
+from compiler.costs.measure import (
+    INSTANTIATION,
+    UNKNOWN,
+    Builder,
+    MeasureInput,
+    MeasureResult,
+    Runner,
+    measure,
+    to_record,
+)
 from compiler.costs.records import COLD_WEIGHTS, FLUSHED, VERSION, TuningRecord
 from compiler.schedule.state import step_from_record
 from compiler.targets import host_target
 from compiler.targets.cpu.runner import LocalBuilder, LocalRunner
+from compiler.targets.cuda.measure import CudaBuilder, CudaRunner
 from compiler.tensor import dag_json
 from compiler.tensor.tasks import Task
 from server import storage
@@ -40,8 +50,8 @@ from server.database import SQLDatabase
 from server.models import ArtifactRow, Job
 from server.settings import Settings
 from server.trust import team_of
-from workers import heartbeat, progress, spool
-from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, VERIFY_RECORDS, make_celery, measure_queue
+from workers import heartbeat, measuring, progress, spool
+from workers.celery_app import COMPILE_ARTIFACT, MEASURE_BATCH, SEARCH_JOB, VERIFY_RECORDS, make_celery
 from workers.dispatch import enqueue_job, enqueue_verify
 from workers.farm import FarmBuilder, FarmRunner, JobInterrupted, RunnerOptions
 from workers.outage import DATABASE_DOWN, DOWN, PatientDatabase, first_line, patiently
@@ -55,9 +65,10 @@ heartbeat.install(app, settings)
 MEASURE_LOCK = threading.Lock()
 WAIT_FOR_WORKER_S = 1.0  # how often a job without a live measuring worker looks again
 
-# per process, made on first use and kept: the builder's process pool and the runner's sandbox and references
-_builders: dict[float, LocalBuilder] = {}
-_runners: dict[tuple, LocalRunner] = {}
+# per process, made on first use and kept: the builder's process pool and the runner's sandbox and references (a GPU
+# worker's: CudaBuilder's pool, CudaRunner's references)
+_builders: dict[tuple, Builder] = {}
+_runners: dict[tuple, Runner] = {}
 
 
 def one_line(e: BaseException) -> str:
@@ -150,7 +161,7 @@ def _hand_back_batch(batch_id: str, node: str, e: Stopped) -> NoReturn:
 def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[str, Any]]:
     """Build and run a batch's candidates and store them as records; the results. Raises Stopped once the worker
     stops, after storing the candidates measured by then."""
-    host = host_target()
+    host = measuring.current().target  # this CPU, or the GPU the worker measures on
     cands = payload["candidates"]
     options = RunnerOptions(**payload.get("options", {}))
     if payload.get("host") not in (None, host.fingerprint()):
@@ -195,9 +206,7 @@ def _measure(payload: dict[str, Any], batch_id: str | None = None) -> list[dict[
     return [_as_json(r) for r in out if r is not None]
 
 
-def _measure_until_stopped(
-    inputs: list[MeasureInput], builder: LocalBuilder, runner: LocalRunner
-) -> list[MeasureResult]:
+def _measure_until_stopped(inputs: list[MeasureInput], builder: Builder, runner: Runner) -> list[MeasureResult]:
     """compiler.costs.measure.measure, one candidate at a time once built, stopping between candidates when the
     worker stops: the results of the first candidates, every one unless it stopped."""
     if _stopping():
@@ -228,24 +237,35 @@ def _as_json(r: MeasureResult) -> dict[str, Any]:
     }
 
 
-def _builder(o: RunnerOptions) -> LocalBuilder:
-    if o.build_timeout not in _builders:
-        _builders[o.build_timeout] = LocalBuilder(timeout=o.build_timeout)
-    return _builders[o.build_timeout]
+def _builder(o: RunnerOptions) -> Builder:
+    target = measuring.current().target
+    key = (target, o.build_timeout)
+    if key not in _builders:
+        if target.kind == "cuda":  # PTX for the GPU's architecture, assembled by ptxas
+            _builders[key] = CudaBuilder(timeout=o.build_timeout, target=target)
+        else:
+            _builders[key] = LocalBuilder(timeout=o.build_timeout)
+    return _builders[key]
 
 
-def _runner(o: RunnerOptions) -> LocalRunner:
-    key = (o.timeout, o.number, o.repeat, o.min_repeat_ms, o.cache_flush, o.threads, o.cold_constants)
+def _runner(o: RunnerOptions) -> Runner:
+    target = measuring.current().target
+    key = (target, o.timeout, o.number, o.repeat, o.min_repeat_ms, o.cache_flush, o.threads, o.cold_constants)
     if key not in _runners:
-        _runners[key] = LocalRunner(
-            timeout=o.timeout,
-            number=o.number,
-            repeat=o.repeat,
-            min_repeat_ms=o.min_repeat_ms,
-            cache_flush=o.cache_flush,
-            threads=o.threads,
-            cold_constants=o.cold_constants,
-        )
+        if target.kind == "cuda":  # timed with CUDA events on the GPU, warm (the CPU's cache options do not apply)
+            _runners[key] = CudaRunner(
+                target=target, timeout=o.timeout, number=o.number, repeat=o.repeat, min_repeat_ms=o.min_repeat_ms
+            )
+        else:
+            _runners[key] = LocalRunner(
+                timeout=o.timeout,
+                number=o.number,
+                repeat=o.repeat,
+                min_repeat_ms=o.min_repeat_ms,
+                cache_flush=o.cache_flush,
+                threads=o.threads,
+                cold_constants=o.cold_constants,
+            )
     return _runners[key]
 
 
@@ -255,7 +275,7 @@ def close_measurement(**_) -> None:
     if not MEASURE_LOCK.acquire(blocking=False):
         return
     try:
-        pools: list[LocalBuilder | LocalRunner] = [*_builders.values(), *_runners.values()]
+        pools: list[Any] = [*_builders.values(), *_runners.values()]
         for x in pools:
             x.close()
         _builders.clear()
@@ -291,7 +311,8 @@ def compile_artifact(self, artifact_id: int) -> str:
         from compiler.artifact.build import build
         from compiler.model.onnx_import import load
 
-        host = host_target().fingerprint()
+        here = measuring.current().target
+        host = here.fingerprint()
         if job.host != host:
             raise TilefarmError(f"the artifact is for host class {job.host}, but this worker is {host}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -304,7 +325,7 @@ def compile_artifact(self, artifact_id: int) -> str:
                 _hand_back(f"artifact {artifact_id}", f"artifact {artifact_id} queued again, not begun")
             # the best records its team may use: verified ones, and the team's own imports (server.trust)
             records = records_db(settings.database_url).trusting(team_of(settings, ArtifactRow, artifact_id))
-            info = build(graph, partial, name=_c_name(job.model_name), records=records)
+            info = build(graph, partial, name=_c_name(job.model_name), records=records, target=here)
         if not _patiently("checking an artifact", lambda: progress.artifact_builds(settings, artifact_id, node)):
             partial.unlink(missing_ok=True)  # judged lost while it built (a frozen worker): another try owns it
             return "stale"
@@ -512,7 +533,8 @@ def _search(claim: progress.Claim) -> None:
         # the part of it the host keeps for them (measured, where this host is of the measuring class: a VM reports
         # its host's whole cache), meets them cold in every run, so its kernels are timed that way
         here = target.fingerprint() == host_target().fingerprint()
-        cold = weights_timed_cold("auto", plan.calls, target.l3_bytes, probe=here)
+        # a GPU's kernels are timed warm (CudaRunner): its records are asked for in that condition
+        cold = target.kind == "cpu" and weights_timed_cold("auto", plan.calls, target.l3_bytes, probe=here)
         log.info("job %d: kernels timed with weights %s", claim.job_id, "cold" if cold else "warm")
         runner = FarmRunner(
             settings,
@@ -570,8 +592,8 @@ def verify_records(host: str, after: int = 0) -> int:
     way measure_batch measures a job's candidates: each becomes verified with the measured costs, or a failed record
     when its schedule does not replay, build or run (an "unknown" failure, the measurer's own, leaves it unverified
     for the next sweep); then the next batch is queued. Returns how many were verified."""
-    here = host_target()
-    if here.fingerprint() != host:  # its timings would not be valid for `host`
+    here = measuring.current()
+    if here.fingerprint != host:  # its timings would not be valid for `host`
         return 0
     db = records_db(settings.database_url)
     batch = db.unverified(host, VERIFY_BATCH, after)
@@ -585,7 +607,7 @@ def verify_records(host: str, after: int = 0) -> int:
                 _hand_back(f"verifying {host}", f"re-measuring of imported records back on its queue ({verified} done)")
             verified += _verify_group(db, items)
     if len(batch) == VERIFY_BATCH:
-        enqueue_verify(settings, host, measure_queue(host, here.kind), batch[-1][0])
+        enqueue_verify(settings, host, here.queue, batch[-1][0])
     return verified
 
 
@@ -626,13 +648,12 @@ def _verify_on_start(sender=None, instance=None, **_) -> None:
     imported while no worker of the class was alive, or whose workload became known since (server.trust)."""
     if instance is None or instance.app is not app:
         return
-    here = host_target()
-    queue = measure_queue(here.fingerprint(), here.kind)
-    if queue not in instance.app.amqp.queues.consume_from:
+    here = measuring.current()
+    if here.queue not in instance.app.amqp.queues.consume_from:
         return
     try:
-        if here.fingerprint() in records_db(settings.database_url).unverified_hosts():
-            enqueue_verify(settings, here.fingerprint(), queue)
+        if here.fingerprint in records_db(settings.database_url).unverified_hosts():
+            enqueue_verify(settings, here.fingerprint, here.queue)
     except Exception:  # the next import, upload or start asks again
         log.exception("could not queue the re-measuring of imported records")
 

@@ -1,7 +1,8 @@
 """`tilefarm worker`: one Celery worker node of the farm, in this process, on the threads pool.
 
 Roles pick the default queues: `search` drives tuning jobs, `measure` builds, runs and compiles for this host's
-class (measure.cpu.<fingerprint>), `all` does both. A node serving search runs each job in one pool thread for the
+class (measure.cpu.<fingerprint>; with `--gpu N`, for GPU N as the CUDA driver reports it: measure.gpu.<its
+fingerprint>, workers.measuring), `all` does both. A node serving search runs each job in one pool thread for the
 job's whole duration, so with role all the concurrency must exceed the number of jobs it may drive at once, or
 its measurements wait for another worker; `tilefarm serve` runs separate search and measure workers for this.
 
@@ -29,15 +30,16 @@ ROLES = ("all", "search", "measure")
 STOP_WAIT_S = 4.0  # after Ctrl-C, how long the tasks in flight have to hand their work back
 
 
-def default_queues(role: str) -> list[str]:
-    from compiler.targets import host_target
-    from workers.celery_app import SEARCH_QUEUE, measure_queue
+def default_queues(role: str, host=None) -> list[str]:
+    """The queues of `role` for measuring host `host` (a workers.measuring.MeasuringHost; default: this CPU)."""
+    from workers import measuring
+    from workers.celery_app import SEARCH_QUEUE
 
     queues = []
     if role in ("all", "search"):
         queues.append(SEARCH_QUEUE)
     if role in ("all", "measure"):
-        queues.append(measure_queue(host_target().fingerprint()))
+        queues.append((host or measuring.cpu()).queue)
     return queues
 
 
@@ -174,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tilefarm worker", description=__doc__.splitlines()[0])
     p.add_argument("--queues", help="comma-separated queues to serve (default: those of the role)")
     p.add_argument("--role", choices=ROLES, default="all", help="search, measure (this host's class) or both")
+    p.add_argument(
+        "--gpu",
+        type=int,
+        metavar="N",
+        help="measure on GPU N (CUDA driver ordinal, from 0) instead of this CPU: serves measure.gpu.<its fingerprint>",
+    )
     p.add_argument("--concurrency", type=int, default=2, help="tasks run at once (threads)")
     p.add_argument(
         "--name", help="node name, unique in the farm (default ROLE@HOSTNAME; a restart under the same name resumes)"
@@ -187,13 +195,28 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.role
     if "@" not in name:
         name = f"{name}@{socket.gethostname()}"
+    host = None
+    if args.gpu is not None:
+        if args.role == "search":
+            p.error("--gpu is for a measuring worker (--role measure or all); a search worker measures nothing")
+        from compiler.base.errors import TilefarmError
+        from workers import measuring
+
+        try:
+            host = measuring.gpu(args.gpu)
+        except TilefarmError as e:
+            p.error(f"--gpu {args.gpu}: {e}")
+        measuring.use(host)
     try:
-        queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else default_queues(args.role)
+        queues = (
+            [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else default_queues(args.role, host)
+        )
         if not queues:
             p.error("--queues names no queue")
         from workers.tasks import app  # the tasks register on import, and the settings are read from the environment
 
-        print(f"tilefarm worker {name}: queues {', '.join(queues)}, {args.concurrency} threads", file=sys.stderr)
+        on = f", measuring on {host.describe()}" if host is not None else ""
+        print(f"tilefarm worker {name}: queues {', '.join(queues)}, {args.concurrency} threads{on}", file=sys.stderr)
         _start_forkserver()
         stop = Stop()
         logging.getLogger("kombu.transport.virtual.base").addFilter(_QuietStop(stop))

@@ -1,15 +1,20 @@
 """The GPU a timing is valid for: what the driver reports of a device (name, SMs, compute capability, memory, clocks,
 driver versions), and a short stable key of what a kernel's speed depends on, naming its measurement queue
-(`measure.gpu.<key>`) and its records."""
+(`measure.gpu.<key>`) and its records. The key is the fingerprint of the GPU's own Target (`GpuFingerprint.target`):
+the farm, the records and the search name host classes by `Target.fingerprint()`, GPUs and CPUs alike."""
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Protocol
 
+from compiler.base.errors import InvalidTarget
+from compiler.base.target import Target
 from compiler.targets.cuda import driver as cu
+from compiler.targets.cuda.codegen import ARCHS
+from compiler.targets.cuda.target import choices, cuda_target
 
 NVIDIA_PROC_VERSION = Path("/proc/driver/nvidia/version")
 
@@ -46,12 +51,44 @@ class GpuFingerprint:
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
 
+    def code_arch(self) -> str:
+        """The architecture tilefarm generates this GPU's code for: the newest it supports at or below the device's
+        compute capability (an sm_86 runs sm_80 PTX); InvalidTarget for a GPU older than all of them."""
+        major, minor = self.compute_capability
+        fits = [sm for sm in ARCHS if sm <= major * 10 + minor]
+        if not fits:
+            raise InvalidTarget(
+                f"{self.name} is {self.arch}: tilefarm generates code for {choices()} only, so it cannot measure for it"
+            )
+        return ARCHS[max(fits)].name
+
+    def target(self) -> Target:
+        """The cuda Target of this GPU: its code architecture's (code_arch), the GPU named in `cpu_model` with what its
+        timings depend on (model, compute capability, SMs, clocks, CUDA and driver versions), and its own L2."""
+        base = cuda_target(ARCHS[int(self.code_arch()[3:])])
+        model = (
+            f"{self.name} ({self.arch}, {self.sm_count} SMs, {self.sm_clock_mhz}/{self.memory_clock_mhz} MHz, "
+            f"CUDA {self.cuda_version}, driver {self.driver_release or 'unknown'})"
+        )
+        return replace(
+            base, cpu_model=model, l2_bytes=self.l2_bytes or base.l2_bytes, l3_bytes=self.l2_bytes or base.l3_bytes
+        )
+
     def key(self) -> str:
-        """A stable short hash of what a kernel's timing depends on: the GPU model, its SM count and clocks, its
-        compute capability, and the driver (whose JIT compiles the PTX)."""
-        parts = (self.name, self.arch, self.sm_count, self.sm_clock_mhz, self.memory_clock_mhz, self.cuda_version,
-                 self.driver_release)  # fmt: skip
-        return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
+        """A stable short hash of what a kernel's timing depends on (the GPU model, compute capability, SM count and
+        clocks, and the driver, whose JIT compiles the PTX): its Target's fingerprint, the host class of its
+        records and the `<key>` of its queue `measure.gpu.<key>`."""
+        return self.target().fingerprint()
+
+    def fields(self) -> dict:
+        """What a GPU worker reports in its heartbeat (the workers' `device`), as JSON; `from_fields` reads it back."""
+        return {**asdict(self), "compute_capability": list(self.compute_capability), "key": self.key()}
+
+    @staticmethod
+    def from_fields(d: dict) -> GpuFingerprint:
+        known = {f.name for f in dataclass_fields(GpuFingerprint)}
+        values = {k: v for k, v in d.items() if k in known}
+        return GpuFingerprint(**{**values, "compute_capability": tuple(values["compute_capability"])})
 
     def __str__(self):
         gib = self.memory_bytes / 2**30
