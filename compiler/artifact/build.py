@@ -85,7 +85,7 @@ def schedule_tasks(
     schedule; returns the States and, per task key, the record used."""
     states, used = [], {}
     for t in tasks:
-        found = best_replaying(t, database, target, prefer) if database is not None else None
+        found = best_replaying(t, database, target, prefer, others=True) if database is not None else None
         if found is None:
             states.append(backend_for(target).default_schedule(t.dag, target))
             continue

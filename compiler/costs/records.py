@@ -139,9 +139,17 @@ class Database(Protocol):
         ...
 
     def best(
-        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cache: str | None = None
+        self,
+        workload_key: str,
+        target: str,
+        host: str | None = None,
+        k: int = 1,
+        *,
+        cache: str | None = None,
+        cross_host: bool = False,
     ) -> list[TuningRecord]:
-        """The k fastest error-free records for a workload on a target (and host, and cache condition, when given)."""
+        """The k fastest error-free records for a workload on a target (and host, and cache condition, when given);
+        `cross_host=True` (no host given) asks for those of every host class, whatever the database's default."""
         ...
 
     def __iter__(self) -> Iterator[TuningRecord]:
@@ -221,8 +229,17 @@ class JSONLinesDatabase:
         return len(records)
 
     def best(
-        self, workload_key: str, target: str, host: str | None = None, k: int = 1, *, cache: str | None = None
+        self,
+        workload_key: str,
+        target: str,
+        host: str | None = None,
+        k: int = 1,
+        *,
+        cache: str | None = None,
+        cross_host: bool = False,
     ) -> list[TuningRecord]:
+        if host is not None and cross_host:
+            raise ValueError("best(): give a host or cross_host=True, not both")
         found = [
             r
             for r in self._records
@@ -287,13 +304,43 @@ def cache_preference(weights_bytes: int, target: Target) -> tuple[str, ...]:
 
 
 def best_replaying(
-    task: Task, database: Database, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS
+    task: Task, database: Database, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS, *, others: bool = False
 ) -> tuple[TuningRecord, State] | None:
     """The fastest record of the task measured on this host class that replays, taken from the first cache
-    condition in `prefer` that has one: timings of different conditions are never compared with each other."""
+    condition in `prefer` that has one: timings of different conditions are never compared with each other.
+    `others` (what compile asks): for a target kind in SHARED_ACROSS_HOSTS whose host class has none, the records of
+    another host class of the same target (other_host)."""
     for cache in prefer:
         found = database.best(task.key, target_name(target), target.fingerprint(), k=REPLAY_CANDIDATES, cache=cache)
         replayed = first_replaying(task, found)
         if replayed is not None:
             return replayed
+    if not others or target.kind not in SHARED_ACROSS_HOSTS:
+        return None
+    for cache in prefer:
+        host = other_host(task.key, database, target, cache)
+        if host is not None:
+            replayed = first_replaying(
+                task, database.best(task.key, target_name(target), host, REPLAY_CANDIDATES, cache=cache)
+            )
+            if replayed is not None:
+                return replayed
+    return None
+
+
+# Target kinds whose records stand in for another host class's when a host class has none: code for a GPU is built
+# anywhere (no GPU is needed), for whichever GPU of its architecture runs it, so a cuda target compiled where no GPU
+# of the farm's was measured takes the records of one that was. A CPU's records never do: its code is built for the
+# host class that measured them.
+SHARED_ACROSS_HOSTS = ("cuda",)
+
+
+def other_host(workload_key: str, database: Database, target: Target, cache: str | None = None) -> str | None:
+    """The host class, other than `target`'s own, whose records of the workload for `target` compile takes instead:
+    the one holding the fastest (timings of two GPUs are not compared beyond choosing which GPU's to follow; the
+    schedules then come from that one alone). None where no other host class has one."""
+    own = target.fingerprint()
+    for r in database.best(workload_key, target_name(target), k=REPLAY_CANDIDATES, cache=cache, cross_host=True):
+        if r.host != own:
+            return r.host
     return None

@@ -9,6 +9,10 @@ the task's own measurements train a correction on top of it.
 
 `ModelCache` keeps the pre-trained model in a file per (database, target, host, feature code) and refreshes it
 when enough new records arrived: only those are featurized, then the model is refit on everything.
+
+A GPU host class with no records of its own yet (a new GPU, or a new driver: another fingerprint) learns from the
+records of the other GPUs of its architecture instead (records.SHARED_ACROSS_HOSTS), each GPU's timings normalized
+on their own; that model is fit afresh, not cached, until the host class has records of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
 from compiler.costs import features
 from compiler.costs.cost_model import XGBModel
-from compiler.costs.records import VERSION, TuningRecord, target_name, training_group
+from compiler.costs.records import SHARED_ACROSS_HOSTS, VERSION, TuningRecord, target_name, training_group
 from compiler.schedule.state import step_from_record
 from compiler.search.evolution import featurize_programs
 from compiler.targets import host_target
@@ -68,11 +72,16 @@ class TrainingSet:
 
 
 def featurize_records(
-    records: Iterable[TuningRecord], dags: dict[str, ComputeDAG], target: Target, exclude: Iterable[str] = ()
+    records: Iterable[TuningRecord],
+    dags: dict[str, ComputeDAG],
+    target: Target,
+    exclude: Iterable[str] = (),
+    by_host: bool = False,
 ) -> TrainingSet:
     """Features of each record's program for `target` (its own workload's DAG, its own steps), failures included
     (they teach the model what does not run); records of `exclude` workloads and of unknown workloads are left
-    out, and so are step lists this tilefarm no longer replays."""
+    out, and so are step lists this tilefarm no longer replays. `by_host`: each host class's timings of a workload
+    are a group of their own (records of several GPUs, whose times are not on one scale)."""
     left_out, name = set(exclude), target_name(target)
     by_workload: dict[str, list[TuningRecord]] = {}
     skipped = 0
@@ -98,7 +107,7 @@ def featurize_records(
                 continue
             out.xs.append(x)
             out.costs.append(r.mean_cost)
-            out.groups.append(training_group(key, r.cache))
+            out.groups.append(training_group(key, r.cache) + (f"@{r.host}" if by_host else ""))
     return out
 
 
@@ -149,6 +158,8 @@ class ModelCache:
         if model is not None:
             data = TrainingSet(model.xs + data.xs, model.costs + data.costs, model.groups + data.groups, data.skipped)
         if not any(math.isfinite(c) for c in data.costs):
+            if target.kind in SHARED_ACROSS_HOSTS:
+                return self._from_other_hosts(source, target, exclude, note)
             return None, NOTHING_TO_LEARN
         model = pretrain(data)
         took = time.perf_counter() - t0
@@ -160,6 +171,24 @@ class ModelCache:
             model.save(path)
             meta_path.write_text(json.dumps({"last_id": rows[-1][0], "records": len(data)}))
         return model, line
+
+    def _from_other_hosts(
+        self, source: TrainingSource, target: Target, exclude: set[str], note: str
+    ) -> tuple[XGBModel | None, str]:
+        """A model fit on the records of `target` measured on other host classes (its own has none), not cached."""
+        own, name = target.fingerprint(), target_name(target)
+        t0 = time.perf_counter()
+        records = [r for _, r in source.training_records(None) if r.host != own and r.target == name]
+        data = featurize_records(records, source.workload_dags(), target, exclude, by_host=True)
+        if not any(math.isfinite(c) for c in data.costs):
+            return None, NOTHING_TO_LEARN
+        model = pretrain(data)
+        hosts = len({r.host for r in records})
+        left_out = f" ({data.skipped} records left out)" if data.skipped else ""
+        return model, (
+            f"cost model pre-trained on {len(data)} records of {hosts} other host class{'es' if hosts > 1 else ''} "
+            f"of {name} in {time.perf_counter() - t0:.1f} s (none measured on this one yet; not cached){left_out}{note}"
+        )
 
 
 def default_cache_dir() -> Path:
