@@ -24,6 +24,8 @@ from compiler.model.onnx_import import Budget, load, parse_input_shapes
 from compiler.search.task_scheduler import TRIALS_PER_TASK, coverage
 from compiler.targets import host_target as this_host_target
 from compiler.targets import parse_target
+from compiler.targets.cuda.target import choices as cuda_choices
+from compiler.targets.cuda.target import is_cuda
 from compiler.tensor import dag_json
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task, constant_bytes, tuning_plan
@@ -34,7 +36,7 @@ from server.models import Host, ModelTask, UploadedModel, WorkerRow, Workload
 from server.schemas import CoverageOut, Invalid, ModelOut, ModelTaskOut, NotFound, TaskCoverageOut, as_utc
 from server.settings import Settings
 
-TARGET_ALIASES = ("llvm", "cpu", "host")  # the only target kind so far: LLVM for the CPU of the host class
+TARGET_ALIASES = ("llvm", "cpu", "host")  # LLVM for the CPU of the host class; "cuda [-arch=...]" names a GPU class
 NAME_CHARS = 255
 
 
@@ -110,11 +112,15 @@ def host_target(session: Session, settings: Settings, fingerprint: str) -> Targe
 def resolve_target(session: Session, settings: Settings, target: str, host: str | None) -> Target:
     """The Target a job or compile asks for: `target` must be an alias of llvm, or a tvmc target string naming the host
     class's own CPU ("llvm -mcpu=<its mcpu>"): the service measures and builds on the host class's workers, so another
-    CPU is refused (`tilefarm compile --target` cross-compiles); `host` defaults to default_host."""
+    CPU is refused (`tilefarm compile --target` cross-compiles); `host` defaults to default_host. A cuda target
+    ("cuda", "cuda -arch=sm_80") is a GPU host class's instead (resolve_gpu_target)."""
     words = target.split()
+    if is_cuda(target):
+        return resolve_gpu_target(session, settings, target, host)
     if not words or words[0].lower() not in TARGET_ALIASES:
         raise Invalid(
-            f"target {target!r} is not supported yet: use llvm (code for the CPU of the host class)",
+            f"target {target!r} is not supported: use llvm (code for the CPU of the host class) or cuda "
+            f"[-arch={cuda_choices()}] (a GPU host class's)",
             code="unsupported_target",
         )
     host_class = host_target(session, settings, host or default_host(session, settings))
@@ -130,6 +136,55 @@ def resolve_target(session: Session, settings: Settings, target: str, host: str 
             code="unsupported_target",
         )
     return host_class
+
+
+def resolve_gpu_target(session: Session, settings: Settings, target: str, host: str | None) -> Target:
+    """The Target of the GPU host class a cuda job or compile is for: `host` when given (a GPU of the architecture
+    `target` names), else the one GPU class of that architecture with live workers, else the one heard from last
+    (its job waits for a worker, as a CPU job does). 422 naming what is wrong: a bad -arch, a host that is a CPU or
+    another architecture, no GPU worker of the architecture ever registered, or several live (name one)."""
+    try:
+        wanted = parse_target(target)
+    except InvalidTarget as e:
+        raise Invalid(str(e), code="unsupported_target") from None
+    name = target_name(wanted)
+    if host is not None:
+        host_class = host_target(session, settings, host)
+        if host_class.kind != wanted.kind or host_class.mcpu != wanted.mcpu:
+            what = f"a GPU of cuda -arch={host_class.mcpu}" if host_class.kind == wanted.kind else "a CPU host class"
+            raise Invalid(
+                f"host {host!r} is {what}, not one of {name}: name a GPU host class of that architecture "
+                "(GET /api/v1/workers lists them)",
+                code="unsupported_target",
+            )
+        return host_class
+    gpus = session.scalars(
+        select(WorkerRow).where(WorkerRow.kind == "gpu", WorkerRow.fingerprint.is_not(None)).order_by(WorkerRow.id)
+    )
+    classes: dict[str, tuple[bool, datetime, Target]] = {}  # fingerprint -> (alive, last heard, its Target)
+    for w in gpus:
+        t = _target(w.target) if isinstance(w.target, dict) else None
+        if t is None or t.kind != wanted.kind or t.mcpu != wanted.mcpu or t.fingerprint() != w.fingerprint:
+            continue
+        seen = classes.get(t.fingerprint())
+        here = (is_alive(w, settings), as_utc(w.last_heartbeat), t)
+        if seen is None or here[:2] > seen[:2]:
+            classes[t.fingerprint()] = here
+    if not classes:
+        raise Invalid(
+            f"no GPU worker for {name} has registered: start `tilefarm worker --role measure --gpu 0` on a machine "
+            f"with such a GPU (compose: `docker compose --profile gpu up -d worker-gpu`); `tilefarm compile --target "
+            f"{target!r}` builds without one",
+            code="unknown_host",
+        )
+    live = [c for c in classes.values() if c[0]]
+    if len(live) > 1:
+        named = ", ".join(f"{t.fingerprint()} ({t.cpu_model})" for _, _, t in live)
+        raise Invalid(
+            f"{len(live)} GPU host classes of {name} have live workers: name one as host ({named})",
+            code="ambiguous_host",
+        )
+    return live[0][2] if live else max(classes.values(), key=lambda c: c[1])[2]
 
 
 # ---------------------------------------------------------------------------------------------- registering

@@ -30,6 +30,7 @@ from server.schemas import (
     TooMany,
     Unavailable,
     as_utc,
+    target_kind,
 )
 from server.settings import Settings
 from workers.celery_app import measure_queue
@@ -244,6 +245,7 @@ def job_view(session: Session, job: Job, model_name: str | None = None) -> JobOu
         model_name=model_name,
         state=job.state,
         target=job.target,
+        target_kind=target_kind(job.target),
         host=job.host,
         trials=job.trials,
         trials_done=job.trials_done,

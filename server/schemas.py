@@ -224,12 +224,19 @@ class JobTaskRow(BaseModel):
     done: bool = False
 
 
+def target_kind(target: str) -> Literal["cpu", "gpu"]:
+    """The hardware a target string is for: "gpu" for cuda ("cuda -arch=sm_90"), "cpu" for llvm."""
+    words = target.split()
+    return "gpu" if words and words[0].lower() == "cuda" else "cpu"
+
+
 class JobOut(BaseModel):
     id: int
     model_id: int
     model_name: str
     state: str
     target: str
+    target_kind: Literal["cpu", "gpu"]  # the hardware of its host class (target_kind)
     host: str
     trials: int
     trials_done: int
@@ -446,10 +453,24 @@ class ImportResult(BaseModel):
     unknown_workloads: list[str] = []
 
 
+class GpuOut(BaseModel):
+    """A GPU worker's GPU, as its driver reports it (compiler.targets.cuda.fingerprint.GpuFingerprint)."""
+
+    name: str
+    sm_count: int
+    compute_capability: str  # "9.0"
+    memory_bytes: int
+    cuda_version: str  # the newest CUDA the driver supports
+    driver_release: str  # "" where the driver did not say
+    sm_clock_mhz: int
+    memory_clock_mhz: int
+
+
 class WorkerOut(BaseModel):
     name: str
     kind: str
     fingerprint: str | None
+    gpu: GpuOut | None = None  # a GPU worker's GPU (kind "gpu")
     queues: list[str]
     hostname: str | None
     pid: int | None

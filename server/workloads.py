@@ -55,6 +55,14 @@ def _host_classes(session: Session, settings: Settings) -> list[dict[str, Any]]:
     return sorted(out, key=lambda h: (h["alive_workers"] == 0, h["fingerprint"]))
 
 
+def _own_target(h: dict[str, Any]) -> str | None:
+    """The target a host class's records are filed under for its own hardware: "llvm -mcpu=<its CPU>", or for a
+    GPU's "cuda -arch=<its architecture>" (compiler.costs.records.target_name); None where not known."""
+    if not h["mcpu"]:
+        return None
+    return f"cuda -arch={h['mcpu']}" if h["kind"] in ("gpu", "cuda") else f"llvm -mcpu={h['mcpu']}"
+
+
 def coverage_matrix(session: Session, settings: Settings, team_id: int, target: str = "llvm") -> CoverageMatrix:
     """The team's models x every host class: a task is tuned on a host when it has an error-free record measured
     there for the target that the team may use (verified, or its own import: server.trust). `target` is llvm (each
@@ -68,7 +76,7 @@ def coverage_matrix(session: Session, settings: Settings, team_id: int, target: 
         )
     hosts = _host_classes(session, settings)
     for h in hosts:  # None: the host's CPU is not known, so any llvm target of its records counts
-        h["target"] = (f"llvm -mcpu={h['mcpu']}" if h["mcpu"] else None) if alias else wanted
+        h["target"] = _own_target(h) if alias else wanted
     targets = dict(session.execute(select(TargetRow.id, TargetRow.name)).all())
     # one grouped query: which (host, target, model, task) pairs have an error-free record
     tuned_rows = session.execute(

@@ -413,8 +413,10 @@ def test_job_requests_are_validated(client, model):
         client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 0}), 422, "invalid_request"
     )
     assert detail.startswith("trials:")
+    r = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5, "target": "opencl"})
+    assert "'opencl' is not supported: use llvm" in assert_error(r, 422, "unsupported_target")
     r = client.post(f"{API}/jobs", json={"model_id": model["id"], "trials": 5, "target": "cuda"})
-    assert "not supported yet" in assert_error(r, 422, "unsupported_target")
+    assert "no GPU worker for cuda -arch=sm_90 has registered" in assert_error(r, 422, "unknown_host")
     assert_error(client.post(f"{API}/jobs", json={"model_id": 999, "trials": 5}), 404, "not_found")
     assert_error(client.post(f"{API}/jobs", json={"model_id": model["id"]}), 422, "invalid_request")
     assert_error(client.post(f"{API}/jobs", content=b"{"), 422, "invalid_request")

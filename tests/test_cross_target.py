@@ -260,7 +260,8 @@ def test_the_service_takes_the_host_classs_own_cpu_and_refuses_another(monkeypat
     for text, says in [
         ("llvm -mcpu=broadwell", r"another CPU than the host class's \(llvm -mcpu=znver3\).*tilefarm compile --target"),
         ("llvm -mcpu=nosuchcpu", "LLVM knows no CPU 'nosuchcpu'"),
-        ("cuda", "not supported yet"),
+        ("cuda", r"host 'h' is a CPU host class, not one of cuda -arch=sm_90"),
+        ("opencl", "'opencl' is not supported: use llvm"),
     ]:
         with pytest.raises(Invalid, match=says):
             catalog.resolve_target(None, None, text, "h")

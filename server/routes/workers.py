@@ -4,6 +4,7 @@ is measuring now."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter
 from sqlalchemy import and_, select
@@ -12,9 +13,20 @@ from sqlalchemy.orm import aliased
 from server.auth import CurrentTeam, SessionDep, SettingsDep
 from server.catalog import is_alive
 from server.models import Job, MeasureBatch, WorkerRow
-from server.schemas import ERROR_RESPONSES, WorkerOut
+from server.schemas import ERROR_RESPONSES, GpuOut, WorkerOut
 
 router = APIRouter(tags=["workers"], responses=ERROR_RESPONSES)
+
+
+def gpu_out(device: Any) -> GpuOut | None:
+    """A GPU worker's `device` (GpuFingerprint.fields) as the API shows it; None for a CPU worker or one unreadable."""
+    if not isinstance(device, dict):
+        return None
+    try:
+        major, minor = device["compute_capability"]
+        return GpuOut.model_validate({**device, "compute_capability": f"{major}.{minor}"})
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @router.get("/workers")
@@ -44,6 +56,7 @@ def list_workers(who: CurrentTeam, session: SessionDep, settings: SettingsDep) -
             name=w.name,
             kind=w.kind,
             fingerprint=w.fingerprint,
+            gpu=gpu_out(w.device),
             queues=w.queues if isinstance(w.queues, list) else str(w.queues or "").split(","),
             hostname=w.hostname,
             pid=w.pid,

@@ -64,6 +64,19 @@ export function shortHost(fingerprint) {
   return fingerprint ? String(fingerprint).slice(0, 8) : DASH;
 }
 
+/** What a target string runs on: "GPU" for cuda ("cuda -arch=sm_90"), "CPU" for llvm (the API's target_kind). */
+export function targetKind(job) {
+  const kind = job.target_kind || (String(job.target || "").split(/\s+/)[0].toLowerCase() === "cuda" ? "gpu" : "cpu");
+  return kind.toUpperCase();
+}
+
+/** A GPU worker's GPU in a line: name, SMs, compute capability, memory ("NVIDIA H200 · 132 SMs · CC 9.0 · 140 GiB"). */
+export function gpuLine(gpu) {
+  if (!gpu) return DASH;
+  const gib = Math.round(gpu.memory_bytes / 2 ** 30);
+  return `${gpu.name} · ${gpu.sm_count} SMs · CC ${gpu.compute_capability} · ${gib} GiB`;
+}
+
 export function count(n) {
   return n === null || n === undefined ? DASH : Number(n).toLocaleString("en-US");
 }

@@ -6,7 +6,7 @@
 import {eventsUrl, get} from "../api.js";
 import {lineChart} from "../charts.js";
 import {h, message, replace, section} from "../dom.js";
-import {count, duration, flops, gflops, latency, shortHost, weight, when} from "../format.js";
+import {count, duration, flops, gflops, latency, shortHost, targetKind, weight, when} from "../format.js";
 import {Table} from "../table.js";
 import {badge, errorText, fail, link, pageHeader, show, slot} from "../ui.js";
 import {activity} from "./job-activity.js";
@@ -33,7 +33,7 @@ function curve(points, mode, y, name, className) {
 function summary(job) {
   const facts = [
     ["Model", link(`#/models/${job.model_id}`, job.model_name)],
-    ["Target", job.target],
+    ["Target", `${job.target} (${targetKind(job)})`],
     ["Host", h("span", {title: job.host}, shortHost(job.host))],
     ["Trials", `${count(job.trials_done)} / ${count(job.trials)}`],
     ["Best est. latency", latency(job.estimated_latency_s)],

@@ -3,7 +3,7 @@
 
 import {get, post} from "../api.js";
 import {h, message, replace, section} from "../dom.js";
-import {duration, latency, shortHost} from "../format.js";
+import {duration, latency, shortHost, targetKind} from "../format.js";
 import {Table} from "../table.js";
 import {actionButton, badge, errorText, link, live, pageHeader} from "../ui.js";
 
@@ -47,6 +47,8 @@ export function render(root, view) {
     {key: "id", label: "ID", numeric: true, cell: (j) => link(`#/jobs/${j.id}`, `#${j.id}`)},
     {key: "state", label: "State", cell: (j) => badge(j.state)},
     {key: "model_name", label: "Model", cell: (j) => link(`#/models/${j.model_id}`, j.model_name)},
+    {key: "target_kind", label: "Kind", value: targetKind, cell: (j) => h("span", {class: `kind kind-${targetKind(j)}`},
+      targetKind(j))},
     {key: "host", label: "Target / host", cell: (j) => h("span", {title: j.host}, `${j.target} · ${shortHost(j.host)}`)},
     {key: "trials_done", label: "Trials", numeric: true, cell: (j) => `${j.trials_done} / ${j.trials}`},
     {key: "estimated_latency_s", label: "Best est. latency", numeric: true, cell: (j) => latency(j.estimated_latency_s)},

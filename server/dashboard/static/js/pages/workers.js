@@ -1,9 +1,10 @@
-// The measurement farm's workers: kind, fingerprint, queues, last heartbeat, measurements done, the batch (and
-// job) each is on, and whether it is alive, lost (silent past the grace period) or stopped.
+// The measurement farm's workers: kind, a GPU worker's GPU (name, SMs, compute capability, memory), fingerprint,
+// queues, last heartbeat, measurements done, the batch (and job) each is on, and whether it is alive, lost (silent
+// past the grace period) or stopped.
 
 import {get} from "../api.js";
 import {h, message, replace, section} from "../dom.js";
-import {ago, count, shortHost} from "../format.js";
+import {ago, count, gpuLine, shortHost} from "../format.js";
 import {Table} from "../table.js";
 import {badge, errorText, link, pageHeader} from "../ui.js";
 
@@ -30,6 +31,9 @@ export function render(root, view) {
     {key: "name", label: "Name"},
     {key: "state", label: "State", value: workerState, cell: (w) => badge(workerState(w))},
     {key: "kind", label: "Kind"},
+    {key: "gpu", label: "GPU", value: (w) => (w.gpu ? w.gpu.name : ""), cell: (w) => h("span", {class: "gpu",
+      title: w.gpu ? `CUDA ${w.gpu.cuda_version}, driver ${w.gpu.driver_release || "unknown"}, ${w.gpu.sm_clock_mhz} MHz`
+        : ""}, gpuLine(w.gpu))},
     {key: "fingerprint", label: "Fingerprint", cell: (w) => h("code", {title: w.fingerprint || ""}, shortHost(w.fingerprint))},
     {key: "queues", label: "Queues", value: (w) => w.queues.join(", "), cell: (w) => h("span", {class: "queues"},
       w.queues.join(", "))},
