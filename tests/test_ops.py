@@ -110,6 +110,7 @@ EXPECTED_OUT_SHAPES = {
     "conv2d_depthwise": (1, 16, 16, 16),
     "conv2d_depthwise_nchwc": (1, 2, 8, 8, 8),
     "matmul_packed": (3, 10, 48),
+    "matmul_int8": (20, 40),
     "conv2d_blocked_padded": (1, 24, 5, 5),
     "depthwise_pointwise_nchwc": (1, 2, 9, 9, 8),
     "conv2d_bias_relu": (1, 12, 12, 12),

@@ -146,6 +146,18 @@ def fusible_consumer(state: State, name: str) -> str | None:
     return c.name if consumer_view(state, name, c.name) is not None else None
 
 
+def _untiled_consumer(state: State, name: str) -> str | None:
+    """fusible_consumer, unless a rule already tiled it or placed it in another stage's tile: an int8 matmul's
+    epilogue (compiler.tensor.ops.int8_matmul) adds outer products of a row and a column term, so it is tiled
+    itself, and its dot-product producer then tiles on its own (with a cache write)."""
+    consumer = fusible_consumer(state, name)
+    if consumer is None:
+        return None
+    c = state.stage(consumer)
+    loops = {it.name for it in c.iters}
+    return consumer if c.compute_at == "root" and all(a.name in loops for a in c.op.axes) else None
+
+
 @dataclass(frozen=True)
 class ConsumerView:
     """How a fusible consumer's loops line up with its producer's axes: split each consumer axis in `splits` by
@@ -470,7 +482,7 @@ class AddCacheWrite(Rule):
 
     def condition(self, p, cores):
         op = _op(p)
-        if _has_cache_write(p) or not needs_multi_level_tiling(op) or fusible_consumer(p.state, op.name):
+        if _has_cache_write(p) or not needs_multi_level_tiling(op) or _untiled_consumer(p.state, op.name):
             return PASS
         return APPLY
 
@@ -488,7 +500,7 @@ class MultiLevelTilingWithFusion(Rule):
 
     def condition(self, p, cores):
         op = _op(p)
-        if not needs_multi_level_tiling(op) or fusible_consumer(p.state, op.name) is None:
+        if not needs_multi_level_tiling(op) or _untiled_consumer(p.state, op.name) is None:
             return PASS
         return APPLY_AND_SKIP if _has_cache_write(p) else APPLY
 

@@ -1,6 +1,7 @@
 """The integer matmul in the form the CPU's 4-wide u8 x s8 dot product (VNNI `vpdpbusd`) computes: a u8 activation
 times an s8 weight packed at compile time as ceil(K/4) x N x 4, so the 4 k of one output column are 4 adjacent
-bytes and one 64-byte vector holds 16 columns x 4 k.
+bytes and one 64-byte vector holds 16 columns x 4 k. The packed weight's columns are padded with zeros to a
+multiple of 16 (`COLUMNS`), so every column block fills whole vectors; the result keeps the real N.
 
 The reduction runs over k/4 only; its body spells the 4 products out (`dot4`), so every schedule keeps the 4 k
 innermost, inside one lane, and the CPU codegen turns `acc + dot4` over 16 (or 8) int32 lanes into one `vpdpbusd`
@@ -25,6 +26,7 @@ from compiler.tensor import te
 from compiler.tensor.ops.checks import _dims, _dtype_in, _input
 
 DOT = 4  # k per int32 lane of the dot product
+COLUMNS = 16  # the packed weight's columns come in multiples of this: the int32 lanes of one 512-bit vector
 Ins = Sequence[te.Tensor | None]
 
 
@@ -32,7 +34,7 @@ Ins = Sequence[te.Tensor | None]
 class PackedInt8Weight:
     """A K x N weight packed for the 4-wide dot product, with the per-column terms its zero points fold into."""
 
-    packed: np.ndarray  # int8, ceil(K/4) x N x 4; k past K is 0
+    packed: np.ndarray  # int8, ceil(K/4) x N' x 4 (N' = N rounded up to COLUMNS); k past K and n past N are 0
     w_sum: np.ndarray  # int32 [N]: sum_k of the (shifted) s8 weight
     w_zero: np.ndarray | None  # int32 [N]: the s8 weight's zero point per column, None when all are 0
     col: np.ndarray  # int32 [N]: the constant terms, -za * Sw[n] + K * za * zw[n] for a constant za (else 0)
@@ -49,10 +51,10 @@ def pack_int8_weight(w: np.ndarray, w_zero=0, a_zero: int | None = 0, a_dtype: s
     zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (N,)).astype(np.int32)
     if w.dtype == np.uint8:  # w - zw == (w - 128) - (zw - 128)
         w32, zw = w32 - 128, zw - 128
-    k4 = -(-K // DOT)
-    packed = np.zeros((k4 * DOT, N), np.int8)
-    packed[:K] = w32
-    packed = np.ascontiguousarray(packed.reshape(k4, DOT, N).transpose(0, 2, 1))
+    k4, n_pad = -(-K // DOT), -(-N // COLUMNS) * COLUMNS
+    packed = np.zeros((k4 * DOT, n_pad), np.int8)
+    packed[:K, :N] = w32
+    packed = np.ascontiguousarray(packed.reshape(k4, DOT, n_pad).transpose(0, 2, 1))
     w_sum = w32.sum(axis=0, dtype=np.int64).astype(np.int32)
     col = np.zeros(N, np.int32)
     if a_zero is not None:
@@ -92,17 +94,22 @@ def int8_matmul(
     a_zero: te.Tensor | None = None,
     w_sum: te.Tensor | None = None,
     w_zero: te.Tensor | None = None,
+    n: int | None = None,
     name: str = "int8_matmul",
 ) -> te.Tensor:
     """C[..., m, n] = sum_k a[..., m, k] * w[k, n] + col[n] - a_zero[m] * w_sum[n] - w_zero[n] * (Ra[m] - K *
     a_zero[m]), int32, for a u8 / s8 activation `a` (..., M x K) and an s8 weight packed ceil(K/4) x N x 4
-    (`pack_int8_weight`). `a_zero` (a run-time zero point: one value or one per row) needs `w_sum`."""
+    (`pack_int8_weight`), of which the first `n` columns are real (default: all). `a_zero` (a run-time zero point:
+    one value or one per row) needs `w_sum`."""
     op = "int8_matmul"
     _dtype_in(op, a, ("uint8", "int8"))
     _dtype_in(op, w, ("int8",))
     if a.ndim < 2 or w.ndim != 3 or w.shape[2] != DOT:
         raise InvalidExpr(f"{op}: a {_dims(a)} must be ... x M x K and w {_dims(w)} ceil(K/4) x N x 4")
-    K, (k4, N, _) = a.shape[-1], w.shape
+    K, (k4, n_pad, _) = a.shape[-1], w.shape
+    N = n_pad if n is None else n
+    if not 0 < N <= n_pad:
+        raise InvalidExpr(f"{op}: n={n} columns of a weight of {n_pad}")
     if k4 != -(-K // DOT):
         raise InvalidExpr(f"{op}: a has K={K} columns, so w must have {-(-K // DOT)} rows of 4, not {k4}")
     if a_zero is not None and w_sum is None:
@@ -112,10 +119,11 @@ def int8_matmul(
         src = a
         a = te.compute(a.shape, lambda *i: te.cast("uint8", te.cast("int32", src[i]) + 128), f"{name}_u8", "elemwise")
     shape, full, tail = (*a.shape[:-1], N), K // DOT, K % DOT
+    lanes = (*a.shape[:-1], n_pad)  # the dot product runs over the padded columns: whole vectors
     dot = None
     if full:
         ko = te.reduce_axis(full, "ko")
-        dot = te.compute(shape, lambda *i: te.sum(dot4(a, w, i[:-1], i[-1], ko), axis=ko), f"{name}_dot", "int8_dot")
+        dot = te.compute(lanes, lambda *i: te.sum(dot4(a, w, i[:-1], i[-1], ko), axis=ko), f"{name}_dot", "int8_dot")
     row_sum = None
     if w_zero is not None:
         k = te.reduce_axis(K, "k")
@@ -145,7 +153,7 @@ def int8_matmul(
 
 def packed_matmul_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's PackedMatMulInteger: int8_matmul(A, W, col, a_zero, w_sum, w_zero), the MatMulInteger of a
-    constant weight packed by `pack_int8_weight` (inputs after A and W optional)."""
+    constant weight packed by `pack_int8_weight` (inputs after A and W optional; attribute n: the real columns)."""
     a, w = _input("PackedMatMulInteger", ins, 0, "A"), _input("PackedMatMulInteger", ins, 1, "W")
     col, a_zero, w_sum, w_zero = (ins[i] if len(ins) > i else None for i in range(2, 6))
-    return [int8_matmul(a, w, col, a_zero, w_sum, w_zero, name)]
+    return [int8_matmul(a, w, col, a_zero, w_sum, w_zero, attrs.get("n"), name)]

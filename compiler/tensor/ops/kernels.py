@@ -10,6 +10,7 @@ import numpy as np
 from compiler.base.errors import InvalidExpr
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _padding, _pair
+from compiler.tensor.ops.int8_matmul import int8_matmul
 from compiler.tensor.ops.linalg import batch_matmul, matmul, packed_matmul
 from compiler.tensor.ops.nn import (
     avg_pool2d,
@@ -44,6 +45,34 @@ class KernelCase:
     def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """Standard-normal float32 inputs at the default shapes."""
         return [rng.standard_normal(s).astype(np.float32) for _, s in self.inputs]
+
+
+@dataclass(frozen=True)
+class IntKernelCase(KernelCase):
+    """An integer kernel: placeholders of `dtypes`, random integers over each dtype's range (int32 ones within
+    +-2**20) and a float32 result converted from the integer one, exactly (the cases keep it under 2**24)."""
+
+    dtypes: tuple[str, ...] = ()
+
+    def build(self, *shapes: Sequence[int]) -> tuple[list[te.Tensor], list[te.Tensor]]:
+        shapes = shapes or tuple(s for _, s in self.inputs)
+        if len(shapes) != len(self.inputs):
+            raise InvalidExpr(f"this kernel takes {len(self.inputs)} input shapes, got {len(shapes)}")
+        ins = [te.placeholder(s, dt, name) for (name, _), s, dt in zip(self.inputs, shapes, self.dtypes)]
+        return ins, [self.fn(*ins)]
+
+    def random_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        bounds = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-(1 << 20), 1 << 20)}
+        return [rng.integers(*bounds[dt], s, dtype=dt, endpoint=True) for (_, s), dt in zip(self.inputs, self.dtypes)]
+
+
+def _as_float32(t: te.Tensor) -> te.Tensor:
+    return te.compute(t.shape, lambda *i: te.cast("float32", t[i]), name="as_float32", tag="elemwise")
+
+
+def _unpack_int8(w: np.ndarray) -> np.ndarray:
+    """int8_matmul's packed weight ceil(K/4) x N x 4 back to 4*ceil(K/4) x N."""
+    return w.transpose(0, 2, 1).reshape(-1, w.shape[1]).astype(np.int64)
 
 
 def _ref_pad(x: np.ndarray, pads: tuple[int, int, int, int], value: float) -> np.ndarray:
@@ -239,6 +268,16 @@ KERNELS: dict[str, KernelCase] = {
         _f64(lambda x: _ref_pool(x, 3, 2, 1, "avg")),
         rtol=1e-5,
         atol=1e-6,
+    ),
+    # u8 x s8 -> s32 (the VNNI dot product) against a weight packed ceil(K/4) x N x 4, K=37 (a tail of 1 past the
+    # 4-wide products), N=40 of 48 packed columns, plus a per-column int32 term: integers, so exact
+    "matmul_int8": IntKernelCase(
+        (("A", (20, 37)), ("W", (10, 48, 4)), ("col", (40,))),
+        lambda a, w, c: _as_float32(int8_matmul(a, w, c, n=40)),
+        lambda a, w, c: [(np.asarray(a, np.int64) @ _unpack_int8(np.asarray(w))[:37, :40] + c).astype(np.float64)],
+        rtol=0.0,
+        atol=0.0,
+        dtypes=("uint8", "int8", "int32"),
     ),
     # K=200, row sums ~14 in size: max err 2e-5
     "row_sum": KernelCase((("x", (64, 200)),), row_sum, _f64(lambda x: x.sum(axis=1)), rtol=1e-5, atol=2e-4),
