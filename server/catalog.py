@@ -56,10 +56,11 @@ def is_alive(worker: WorkerRow, settings: Settings, now: datetime | None = None)
 
 
 def default_host(session: Session, settings: Settings) -> str:
-    """The fingerprint of the live measurement workers when they all share one, else this server's own."""
+    """The fingerprint of the live CPU measurement workers when they all share one, else this server's own (a GPU
+    worker's host class is a cuda target's: resolve_gpu_target)."""
     workers = session.scalars(
         select(WorkerRow).where(
-            WorkerRow.stopped.is_(False), WorkerRow.fingerprint.is_not(None), WorkerRow.kind != "search"
+            WorkerRow.stopped.is_(False), WorkerRow.fingerprint.is_not(None), WorkerRow.kind == "cpu"
         )
     )
     fingerprints = {w.fingerprint for w in workers if is_alive(w, settings)}
@@ -124,6 +125,12 @@ def resolve_target(session: Session, settings: Settings, target: str, host: str 
             code="unsupported_target",
         )
     host_class = host_target(session, settings, host or default_host(session, settings))
+    if host_class.kind != "cpu":
+        raise Invalid(
+            f"host {host!r} is a GPU host class ({target_name(host_class)}): ask for target cuda to tune or compile "
+            "for it, or name a CPU host class for llvm",
+            code="unsupported_target",
+        )
     try:
         wanted = parse_target(target, host_class) if len(words) > 1 else host_class
     except InvalidTarget as e:
