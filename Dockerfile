@@ -13,7 +13,9 @@ COPY tilefarm tilefarm
 COPY server server
 COPY workers workers
 COPY migrations migrations
-RUN pip install --no-cache-dir . && rm -rf /src
+# extras: "[cuda]" adds ptxas and libdevice for a GPU worker (docker-compose.yml's worker-gpu)
+ARG TILEFARM_EXTRAS=""
+RUN pip install --no-cache-dir ".${TILEFARM_EXTRAS}" && rm -rf /src
 
 # the folders exist (owned by the user) before the volumes mount on them, so new volumes take that ownership
 RUN useradd --create-home --uid 1000 tilefarm \
