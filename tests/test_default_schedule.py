@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiler.schedule.lower import lower
+from compiler.schedule.state import initial_state, print_state
 from compiler.targets.cpu.codegen import compile_funcs
 from compiler.targets.cpu.default_schedule import default_schedule
 from compiler.tensor import ops, te
@@ -119,13 +120,38 @@ def test_a_softmax_reduces_its_rows_in_vectors_and_evaluates_exp_once(shape):
     state = default_schedule(dag, host_target())
     names = {s.name for s in state.stages}
     lanes = host_target().vector_bytes // 4
-    assert "sm_exp" in names and state.stage("sm_exp").compute_at == "root"
+    assert "sm_exp" in names and state.stage("sm_exp").compute_at != "inline"
     rows_vectorized = shape[-1] % lanes == 0 and shape[-1] >= 2 * lanes
     assert ({"sm_max.rf", "sm_sum.rf"} <= names) == rows_vectorized
     a = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * 4
     (got,) = run(dag, state, [a])
     want = np.exp(a - a.max(-1, keepdims=True))
     np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("op, shape", [("Softmax", (2, 12, 32, 64)), ("LayerNormalization", (4, 128, 96))])
+def test_row_stages_are_computed_row_by_row_inside_the_stage_reading_them(op, shape):
+    # a softmax's max, exp and sum and a LayerNorm's mean and variance each cover one row of the output, so each is
+    # computed for one row at a time inside the output's row loop: one parallel loop nest, each row's data in L1
+    x = te.placeholder(shape, name="x")
+    ins = [x]
+    if op == "LayerNormalization":
+        ins += [te.placeholder(shape[-1:], name="g"), te.placeholder(shape[-1:], name="b")]
+    y = ops.OPS[op](ins, {"axis": -1, "epsilon": 1e-5}, "y")[0]
+    dag = ComputeDAG([*ins, y])
+    state = default_schedule(dag)
+    roots = [s for s in state.stages if s.compute_at == "root" and not s.op.is_placeholder]
+    assert [s.name for s in roots] == [y.name], print_state(state)
+    rows = {a.name for a in roots[0].op.axes[:-1]}
+    parallel = [it for it in roots[0].iters if it.annotation == "parallel"]
+    assert len(parallel) == 1 and set(parallel[0].name.split("@")) <= rows, "threads split the rows only"
+    inner = [s for s in state.stages if s.compute_at == "iter" and s.attach[0] == y.name]
+    assert inner, "the row stages are computed inside the output's loops"
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in ins]
+    (got,) = run(dag, state, arrays)
+    (want,) = run(dag, initial_state(dag), arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1000, 256, 37])

@@ -42,11 +42,64 @@ def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
         if stage.op.reduce_axes and dag.needs_multi_level_tiling(stage.name):
             s, done = _tile_anchor(s, stage.name, lanes, accumulators, attach)
             tiled |= done
+    rows = _row_groups(s, tiled)
+    members = {m for group in rows.values() for m in group}
     for stage in s.stages:
-        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled:
+        if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled | members:
             continue
-        s = _reduction(s, stage.name, lanes) if stage.op.reduce_axes else _elementwise(s, stage.name)
+        k = len(stage.op.axes) - 1 if stage.name in rows else None
+        s = _reduction(s, stage.name, lanes, k) if stage.op.reduce_axes else _elementwise(s, stage.name, k)
+        for m in rows.get(stage.name, []):  # consumers first, so each is computed where a reader of it is
+            s = _reduction(s, m, lanes, 0) if s.stage(m).op.reduce_axes else _elementwise(s, m, 0)
+            s = s.compute_at(m, stage.name, _loop_holding(s.stage(stage.name), stage.op.axes[k - 1].name))
     return s
+
+
+def _row_groups(s: State, tiled: set[str]) -> dict[str, list[str]]:
+    """Stages at root computed row by row inside the one that reads them, by the stage holding them (its rows: every
+    axis but the last), consumers first. A producer joins when every stage reading it is the holder or another
+    member, each reading it at its own row (the first axes' indices are the reader's own): a softmax's row max, exp
+    and row sum inside its division, a LayerNorm's mean and variance inside its normalization. Each row then stays in
+    L1 from its first stage to its last, and the threads meet once per task instead of once per stage."""
+    dag = s.dag
+    groups: dict[str, list[str]] = {}
+    taken: set[str] = set()
+    for holder in reversed(s.stages):
+        op = holder.op
+        k = len(op.axes) - 1
+        if op.is_placeholder or holder.compute_at != "root" or holder.name in tiled | taken or k < 1:
+            continue
+        group: list[str] = []
+        changed = True
+        while changed:
+            changed = False
+            for p in reversed(s.stages):
+                name = p.name
+                if name in group or name == holder.name or name in taken or name in tiled:
+                    continue
+                if p.op.is_placeholder or p.compute_at != "root" or dag.is_output(name) or len(p.op.shape) < k:
+                    continue
+                readers = s.consumers(name)
+                if readers and set(readers) <= {holder.name, *group} and p.op.shape[:k] == op.shape[:k]:
+                    if all(_reads_row(s, r, name, k) for r in readers):
+                        group.append(name)
+                        changed = True
+        if group:
+            order = {st.name: i for i, st in enumerate(s.stages)}
+            groups[holder.name] = sorted(group, key=lambda n: -order[n])
+            taken |= {holder.name, *group}
+    return groups
+
+
+def _reads_row(s: State, reader: str, producer: str, k: int) -> bool:
+    """Whether every load of `producer` by `reader` indexes its first `k` axes by the reader's own first k axes."""
+    op = s.stage(reader).op
+    own = [a.name for a in op.axes[:k]]
+    loads = [ld for ld in _loads(s, op.body) if ld.buffer == producer]
+    return bool(loads) and all(
+        len(ld.indices) >= k and all(isinstance(i, te.Var) and i.name == n for i, n in zip(ld.indices, own))
+        for ld in loads
+    )
 
 
 def _registers(target: Target) -> tuple[int, int]:
@@ -310,8 +363,8 @@ def _contiguous(s: State, name: str, axis: str) -> bool:
     return True
 
 
-def _elementwise(s: State, name: str) -> State:
-    """Vectorize the contiguous axis, parallelize the fused outer ones."""
+def _elementwise(s: State, name: str, rows: int | None = None) -> State:
+    """Vectorize the contiguous axis, parallelize the fused outer ones (only the first `rows` of them, if given)."""
     op = s.stage(name).op
     names = [a.name for a in op.axes]
     if not names:
@@ -324,13 +377,13 @@ def _elementwise(s: State, name: str) -> State:
         outer = names[:-1] + [f"{last.name}.0"]
     else:
         outer = names[:-1]
-    return _parallel(s, name, [n for n in outer if s.stage(name).iters[s.stage(name).iter_index(n)].extent >= 1])
+    return _parallel(s, name, outer if rows is None else outer[:rows])
 
 
-def _reduction(s: State, name: str, vector: int) -> State:
-    """Reductions without reuse: spatial outer loops parallel; reduction loops outside a vectorized last axis, or,
-    where the reduction itself runs along contiguous memory (a softmax's row max and sum), vectorized partial
-    reductions of `vector` lanes (rfactor), combined per row."""
+def _reduction(s: State, name: str, vector: int, rows: int | None = None) -> State:
+    """Reductions without reuse: spatial outer loops parallel (only the first `rows` of them, if given); reduction
+    loops outside a vectorized last axis, or, where the reduction itself runs along contiguous memory (a softmax's
+    row max and sum), vectorized partial reductions of `vector` lanes (rfactor), combined per row."""
     op = s.stage(name).op
     names = [a.name for a in op.axes]
     reduce_names = [r.name for r in op.reduce_axes]
@@ -341,7 +394,7 @@ def _reduction(s: State, name: str, vector: int) -> State:
         outer = names[:-1] + [f"{last.name}.0"]
         s = s.reorder(name, outer + reduce_names + [f"{last.name}.1"])
         s = s.annotate(name, f"{last.name}.1", "vectorize")
-        return _parallel(s, name, outer)
+        return _parallel(s, name, outer if rows is None else outer[:rows])
     k = op.reduce_axes[-1] if op.reduce_axes else None
     if names and k is not None and k.extent % vector == 0 and k.extent >= 2 * vector and _contiguous(s, name, k.name):
         s = s.split(name, k.name, [vector])
@@ -350,5 +403,5 @@ def _reduction(s: State, name: str, vector: int) -> State:
         s = s.reorder(rf, [*names, *[r for r in reduce_names if r != k.name], f"{k.name}.0", f"{k.name}.1"])
         s = s.annotate(rf, f"{k.name}.1", "vectorize")
         s = s.compute_at(rf, name, names[-1])
-        return _parallel(s, name, names, work=_work(s, rf))
-    return _parallel(s, name, names)
+        return _parallel(s, name, names if rows is None else names[:rows], work=_work(s, rf))
+    return _parallel(s, name, names if rows is None else names[:rows])
