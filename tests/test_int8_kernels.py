@@ -1,6 +1,6 @@
-"""Integer kernels (compiler.tensor.ops.int8_matmul, codegen.dot4): u8 x s8 -> s32 matmuls bit-exact against integer
-numpy, through vpdpbusd (AVX512-VNNI), the exact vpmaddubsw form (VNNI turned off with TILEFARM_CPU_FEATURES) and
-generic code, with zero points, K not a multiple of 4 and N not a multiple of 16."""
+"""Integer kernels (compiler.tensor.ops.int8_matmul, codegen.dot4): u8 x s8 -> s32 matmuls and convs bit-exact
+against integer numpy, through vpdpbusd (AVX512-VNNI), the exact vpmaddubsw form (VNNI turned off with
+TILEFARM_CPU_FEATURES) and generic code, with zero points, K not a multiple of 4 and N not a multiple of 16."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ from compiler.targets.cpu.host import FEATURES_ENV, host
 from compiler.targets.cpu.sketch import generate_sketches
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG
-from compiler.tensor.ops.int8_matmul import DOT, int8_matmul, pack_int8_weight
+from compiler.tensor.ops.int8_matmul import (
+    DOT,
+    int8_conv2d_nchwc,
+    int8_matmul,
+    pack_int8_conv_weight,
+    pack_int8_weight,
+)
+from compiler.tensor.ops.kernels import reference_conv2d
 
 HOST_ISA = Dot4ISA.of(host().features)
 
@@ -214,3 +221,34 @@ def test_mismatched_bytes_stay_generic():
     crossed = pk.packed[:, :, ::-1].transpose(0, 2, 1).reshape(32, 32)
     np.testing.assert_array_equal(got, reference(a, crossed, 0, 0))
     assert "vpdpbusd" not in asm and "vpmaddubsw" not in asm
+
+
+@pytest.mark.parametrize(
+    "C, F, H, stride, pad, a_zero",
+    [
+        (16, 32, 10, 1, 0, 5),
+        (16, 32, 10, 1, 1, 0),
+        (61, 40, 15, 2, 1, 200),  # channels not multiples of 4 / 16, stride 2, the padding the zero point
+        (8, 16, 7, 1, 2, 255),
+    ],
+)
+def test_conv_nchwc_exact(C, F, H, stride, pad, a_zero):
+    """ConvInteger in the dot-product form: NCHW4c u8 data, the weight packed F/16 x C/4 x 3 x 3 x 16 x 4."""
+    rng = np.random.default_rng(C + F + H)
+    x = rng.integers(0, 255, (1, C, H, H), dtype=np.uint8, endpoint=True)
+    w = rng.integers(-128, 127, (F, C, 3, 3), dtype=np.int8, endpoint=True)
+    wp, col = pack_int8_conv_weight(w, a_zero)
+    c4 = wp.shape[1]
+    xb = np.full((1, c4 * DOT, H, H), a_zero, np.uint8)  # channels past C hold the zero point: they add nothing
+    xb[:, :C] = x
+    xb = np.ascontiguousarray(xb.reshape(1, c4, DOT, H, H).transpose(0, 1, 3, 4, 2))
+    ins = [te.placeholder(xb.shape, "uint8", "data"), te.placeholder(wp.shape, "int8", "W")]
+    ins.append(te.placeholder(col.shape, "int32", "col"))
+    out = int8_conv2d_nchwc(*ins, stride=stride, padding=pad, a_zero=a_zero)
+    dag = ComputeDAG([*ins, out])
+    got, asm = run(dag, default_schedule(dag), [xb, wp, col])
+    want = reference_conv2d(x.astype(np.int64) - a_zero, w.astype(np.int64), stride, pad)
+    nchw = got.transpose(0, 1, 4, 2, 3).reshape(1, -1, *got.shape[2:4])[:, :F]
+    np.testing.assert_array_equal(nchw, want.astype(np.int64))
+    if HOST_ISA.vnni512:
+        assert "vpdpbusd" in asm

@@ -157,3 +157,68 @@ def packed_matmul_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     a, w = _input("PackedMatMulInteger", ins, 0, "A"), _input("PackedMatMulInteger", ins, 1, "W")
     col, a_zero, w_sum, w_zero = (ins[i] if len(ins) > i else None for i in range(2, 6))
     return [int8_matmul(a, w, col, a_zero, w_sum, w_zero, attrs.get("n"), name)]
+
+
+def pack_int8_conv_weight(w: np.ndarray, a_zero: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A conv weight F x C x KH x KW (int8) packed for `int8_conv2d_nchwc` as F'/16 x C'/4 x KH x KW x 16 x 4 (F', C'
+    rounded up, zeros past F and C), and its per-channel term -a_zero * sum of the filter (F' values)."""
+    if w.ndim != 4 or w.dtype != np.int8:
+        raise InvalidExpr(f"pack_int8_conv_weight: w must be a 4-D int8 array, got {w.dtype} {list(w.shape)}")
+    F, C, KH, KW = w.shape
+    fb, cb = -(-F // COLUMNS), -(-C // DOT)
+    full = np.zeros((fb * COLUMNS, cb * DOT, KH, KW), np.int8)
+    full[:F, :C] = w
+    packed = full.reshape(fb, COLUMNS, cb, DOT, KH, KW).transpose(0, 2, 4, 5, 1, 3)
+    col = -int(a_zero) * full.astype(np.int64).sum(axis=(1, 2, 3))
+    return np.ascontiguousarray(packed), col.astype(np.int32)
+
+
+def int8_conv2d_nchwc(
+    data: te.Tensor,
+    w: te.Tensor,
+    col: te.Tensor | None = None,
+    stride: int = 1,
+    padding: int = 0,
+    a_zero: int = 0,
+    name: str = "int8_conv",
+) -> te.Tensor:
+    """ConvInteger in the dot-product form: u8 data N x C'/4 x H x W x 4 (NCHW4c) with the constant zero point
+    `a_zero` (the padding value, so that padded taps add nothing after the correction), an s8 weight packed by
+    `pack_int8_conv_weight`, and `col` (its per-channel term); int32 N x F'/16 x OH x OW x 16 (NCHW16c)."""
+    op = "int8_conv2d_nchwc"
+    _dtype_in(op, data, ("uint8",))
+    _dtype_in(op, w, ("int8",))
+    if data.ndim != 5 or data.shape[4] != DOT or w.ndim != 6 or w.shape[4:] != (COLUMNS, DOT):
+        raise InvalidExpr(
+            f"{op}: data {_dims(data)} must be N x C/4 x H x W x 4, w {_dims(w)} F/16 x C/4 x KH x KW x 16 x 4"
+        )
+    N, C4, H, W, _ = data.shape
+    FB, C4w, KH, KW, _, _ = w.shape
+    if C4w != C4:
+        raise InvalidExpr(f"{op}: data has {C4} channel blocks of 4, w {C4w}")
+    src = data
+    if padding:
+        fill = te.const(a_zero, "uint8")
+
+        def pad_body(n, c, y, x, j):
+            inside = (y >= padding) & (y < H + padding) & (x >= padding) & (x < W + padding)
+            return te.select(inside, data[n, c, y - padding, x - padding, j], fill)
+
+        src = te.compute((N, C4, H + 2 * padding, W + 2 * padding, DOT), pad_body, f"{name}_pad", "injective,pad")
+    OH, OW = (src.shape[2] - KH) // stride + 1, (src.shape[3] - KW) // stride + 1
+    ko, ky, kx = te.reduce_axis(C4, "ko"), te.reduce_axis(KH, "ky"), te.reduce_axis(KW, "kx")
+
+    def body(n, fo, oy, ox, fi):
+        out: te.Expr | None = None
+        for j in range(DOT):
+            a = te.cast("int32", src[n, ko, oy * stride + ky, ox * stride + kx, j])
+            p = a * te.cast("int32", w[fo, ko, ky, kx, fi, j])
+            out = p if out is None else out + p
+        return te.sum(out, axis=(ko, ky, kx))
+
+    dot = te.compute((N, FB, OH, OW, COLUMNS), body, f"{name}_dot", "int8_dot")
+    if col is None:
+        return dot
+    return te.compute(
+        dot.shape, lambda n, fo, y, x, fi: dot[n, fo, y, x, fi] + col[fo * COLUMNS + fi], name, "elemwise"
+    )
