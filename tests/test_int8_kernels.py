@@ -252,3 +252,26 @@ def test_conv_nchwc_exact(C, F, H, stride, pad, a_zero):
     np.testing.assert_array_equal(nchw, want.astype(np.int64))
     if HOST_ISA.vnni512:
         assert "vpdpbusd" in asm
+
+
+def test_conv_sketch_programs_exact():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 255, (1, 16, 12, 12), dtype=np.uint8, endpoint=True)
+    w = rng.integers(-128, 127, (32, 16, 3, 3), dtype=np.int8, endpoint=True)
+    wp, col = pack_int8_conv_weight(w, 7)
+    xb = np.ascontiguousarray(x.reshape(1, 4, DOT, 12, 12).transpose(0, 1, 3, 4, 2))
+    ins = [te.placeholder(xb.shape, "uint8", "data"), te.placeholder(wp.shape, "int8", "W")]
+    ins.append(te.placeholder(col.shape, "int32", "col"))
+    dag = ComputeDAG([*ins, int8_conv2d_nchwc(*ins, padding=1, a_zero=7)])
+    want = reference_conv2d(x.astype(np.int64) - 7, w.astype(np.int64), 1, 1)
+    target = host()
+    registers = RegisterFile(32 if target.has("avx512f") else 16, max(1, target.vector_bytes // 4))
+    sketches = generate_sketches(dag, target)
+    used_dot = 0
+    for i in range(6):
+        _, state = sample_program(sketches[i % len(sketches)], rng, target.cores, registers.lanes, registers)
+        got, asm = run(dag, state, [xb, wp, col])
+        np.testing.assert_array_equal(got.transpose(0, 1, 4, 2, 3).reshape(1, 32, 12, 12), want, err_msg=str(state))
+        used_dot += "vpdpbusd" in asm
+    if HOST_ISA.vnni512:
+        assert used_dot > 0
