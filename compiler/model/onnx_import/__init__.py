@@ -53,7 +53,7 @@ from compiler.model.onnx_import.converters import (
     _Ctx,
     check_window,
 )
-from compiler.model.onnx_import.quantized import QUANTIZED
+from compiler.model.onnx_import.quantized import CONTRIB, CONTRIB_DOMAIN, QUANTIZED, contrib_types
 from compiler.model.onnx_import.recurrent import RECURRENT
 
 __all__ = ["ONNX_OPS", "PARAM_INPUTS", "Budget", "OverBudget", "external_files", "load", "parse_input_shapes"]
@@ -439,6 +439,7 @@ class _State:
         self.control: dict[tuple[str, ...], Imported] = {}
         self.control_unsupported: dict[tuple[str, ...], UnsupportedOp] = {}
         self.nested = False  # a subgraph's: its outputs are read by the node that runs it
+        self.contrib: dict[str, tuple[int, tuple[int, ...]]] = {}  # com.microsoft nodes' outputs, typed by us
 
     def _initializer(self, t: onnx.TensorProto | onnx.SparseTensorProto, what: str) -> np.ndarray:
         """An initializer as an array, its declared dims weighed first: a few bytes can declare [2**40] (and a sparse
@@ -638,7 +639,8 @@ class _State:
             [helper.make_empty_tensor_value_info(n) for n in self.outputs],
             initializer=[numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= SMALL_CONST],
             value_info=[helper.make_tensor_value_info(n, self.types[n].elem, s) for n, s in known.items()]
-            + [helper.make_tensor_value_info(n, *t) for n, t in self._control_types().items() if n not in known],
+            + [helper.make_tensor_value_info(n, *t) for n, t in self._control_types().items() if n not in known]
+            + [helper.make_tensor_value_info(n, *t) for n, t in self.contrib.items() if n not in known],
         )
         model = helper.make_model(g, opset_imports=self.proto.opset_import, ir_version=max(self.proto.ir_version, 4))
         try:
@@ -649,8 +651,26 @@ class _State:
             t = _type_of(vi)
             if t.elem != 0 or vi.name not in self.types:
                 self.types[vi.name] = t
+        self.types.update({n: _Type(*t) for n, t in self.contrib.items()})
+        if self._contrib_types():  # onnx does not know them: infer again from their outputs on
+            self._infer(known)
         # control-flow outputs are typed by their imported subgraphs (onnx leaves a scan output's length unknown)
         self.types.update({n: _Type(*t) for n, t in self._control_types().items()})
+
+    def _contrib_types(self) -> bool:
+        """Type the outputs of the com.microsoft nodes (quantized.contrib_types) whose inputs are typed and whose
+        outputs are not yet; whether any was."""
+        typed = False
+        for node in self.nodes:
+            if node.domain != CONTRIB_DOMAIN or all(n in self.contrib for n in node.output if n):
+                continue
+            ins = [self._typed(n) if n in self.consts or (n in self.types and self.types[n].static) else None
+                   for n in node.input]  # fmt: skip
+            outs = contrib_types(node.op_type, {a.name: _attr_value(a) for a in node.attribute}, ins)
+            for name, t in zip(node.output, outs or []):
+                self.contrib[name] = (t[0], tuple(t[1]))
+                typed = True
+        return typed
 
     def _control_types(self) -> dict[str, tuple[int, tuple[int, ...]]]:
         return {n: t for imported in self.control.values() for n, t in imported.types.items()}
@@ -789,6 +809,8 @@ class _State:
                     ops.setdefault(op, []).extend(names)
                 notes += inner.notes
                 lacking |= not inner.shape_bound
+                continue
+            if node.domain == CONTRIB_DOMAIN and node.op_type in CONTRIB:
                 continue
             if node.domain not in DEFAULT_DOMAINS:
                 ops.setdefault(f"{node.domain}.{node.op_type}", []).append(name)
@@ -1026,7 +1048,7 @@ class _Converter:
                 onnx_outputs=list(p.output),
             )
             try:
-                nodes.extend(ONNX_OPS[p.op_type](ctx))
+                nodes.extend((CONTRIB if p.domain == CONTRIB_DOMAIN else ONNX_OPS)[p.op_type](ctx))
             except InvalidModel as e:  # named by the node, where the converter's check could not
                 raise e if repr(name) in str(e) else InvalidModel(f"{p.op_type} node {name!r}: {e}") from None
             except _CannotConvert as e:

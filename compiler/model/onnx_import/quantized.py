@@ -189,3 +189,186 @@ QUANTIZED: dict[str, Callable[[_Ctx], list[Node]]] = {
     "QLinearMatMul": QLinearMatMul,
     "QLinearConv": QLinearConv,
 }
+
+
+# ---------------------------------------------------------------------------------------------- com.microsoft
+
+CONTRIB_DOMAIN = "com.microsoft"
+_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def _scalar(ctx: _Ctx, i: int, what: str) -> np.ndarray:
+    """Input i, a constant of one value (its zero point 0 when omitted)."""
+    c = ctx.const(i, what)
+    if c is None:
+        return np.zeros((), ctx.inputs[0].dtype if ctx.inputs[0] is not None else np.uint8)
+    if c.size != 1:
+        raise _CannotConvert(f"{ctx.op} node {ctx.name!r}: {what} has shape {list(c.shape)}; tilefarm takes one value")
+    return c.reshape(())
+
+
+def _requantized_values(x_dtype: str, xs, xz, ys, yz, y_dtype: str, fn=lambda v: v) -> np.ndarray:
+    """Every value of x_dtype (lowest first) dequantized, through fn, and quantized again as onnxruntime's lookup
+    tables are built (QlinearBuildLookupTable): float32 x_scale * (x - x_zero_point), then round half to even of
+    v / y_scale plus y_zero_point, saturated."""
+    lo, hi = _RANGES[x_dtype]
+    v = np.float32(xs) * (np.arange(lo, hi + 1, dtype=np.int32) - np.int32(xz)).astype(np.float32)
+    q = np.rint(fn(v).astype(np.float32) / np.float32(ys)) + np.float32(yz)
+    return np.clip(q, *_RANGES[y_dtype]).astype(y_dtype)
+
+
+def _lookup(ctx: _Ctx, x: Value, table: np.ndarray, out: Value) -> list[Node]:
+    """out = table[x - lowest value of x's dtype], a Gather from a 256-entry constant."""
+    wide = ctx.temp("index", x.shape, "int32")
+    idx = ctx.temp("offset", x.shape, "int32")
+    lo = ctx.constant("lowest", np.array(_RANGES[x.dtype][0], np.int32))
+    return [
+        ctx.node("Cast", [x], {"to": "int32"}, [wide]),
+        ctx.node("Sub", [wide, lo], {}, [idx]),
+        ctx.node("Gather", [ctx.constant("table", table), idx], {"axis": 0}, [out]),
+    ]
+
+
+def _unary_lookup(fn):
+    def convert(ctx: _Ctx) -> list[Node]:
+        x = ctx.inputs[0]
+        if x.dtype not in QUANTIZED_DTYPES:
+            raise InvalidModel(f"{ctx.op} node {ctx.name!r}: input dtype {x.dtype} is not int8 or uint8")
+        xs, xz = _scalar(ctx, 1, "X_scale"), _scalar(ctx, 2, "X_zero_point")
+        ys, yz = _scalar(ctx, 3, "Y_scale"), _scalar(ctx, 4, "Y_zero_point")
+        return _lookup(ctx, x, _requantized_values(x.dtype, xs, xz, ys, yz, x.dtype, fn(ctx)), ctx.outputs[0])
+
+    return convert
+
+
+def _leaky(ctx: _Ctx):
+    alpha = np.float32(ctx.attrs.get("alpha", 0.01))
+    return lambda v: np.where(v >= 0, v, v * alpha)
+
+
+def _sigmoid(ctx: _Ctx):
+    return lambda v: (1.0 / (1.0 + np.exp(-v.astype(np.float64)))).astype(np.float32)
+
+
+def QLinearConcat(ctx: _Ctx) -> list[Node]:
+    """Each input requantized to the output's scale and zero point through a lookup table (as onnxruntime does;
+    copied as it is where the parameters are the same), then Concat."""
+    ys, yz = _scalar(ctx, 0, "Y_scale"), _scalar(ctx, 1, "Y_zero_point")
+    y = ctx.outputs[0]
+    parts, nodes = [], []
+    for k in range(2, len(ctx.inputs), 3):
+        x = ctx.inputs[k]
+        if x is None or x.dtype != y.dtype:
+            raise InvalidModel(f"QLinearConcat node {ctx.name!r}: input {k} must be {y.dtype} like the output")
+        xs, xz = _scalar(ctx, k + 1, f"input {k + 1} (scale)"), _scalar(ctx, k + 2, f"input {k + 2} (zero point)")
+        if np.float32(xs) == np.float32(ys) and int(xz) == int(yz):
+            parts.append(x)
+            continue
+        out = ctx.temp(f"part{k // 3}", x.shape, y.dtype)
+        nodes += _lookup(ctx, x, _requantized_values(x.dtype, xs, xz, ys, yz, y.dtype), out)
+        parts.append(out)
+    return [*nodes, ctx.node("Concat", parts, {"axis": _axis(int(ctx.attrs["axis"]), len(y.shape))})]
+
+
+def QLinearGlobalAveragePool(ctx: _Ctx) -> list[Node]:
+    """onnxruntime's: the int32 sum over the image, requantized with multiplier x_scale / (y_scale * pixels) and
+    bias -x_zero_point * pixels (channels_last: N x H x W x C)."""
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    xs, xz = _scalar(ctx, 1, "x_scale"), _scalar(ctx, 2, "x_zero_point")
+    ys, yz = _scalar(ctx, 3, "y_scale"), ctx.input(4)
+    last = bool(ctx.attrs.get("channels_last", 0))
+    axes = list(range(1, len(x.shape) - 1)) if last else list(range(2, len(x.shape)))
+    pixels = int(np.prod([x.shape[a] for a in axes]))
+    wide, total = ctx.temp("int32", x.shape, "int32"), ctx.temp("sum", y.shape, "int32")
+    mult = ctx.constant("multiplier", np.float32(xs) / (np.float32(ys) * np.float32(pixels)))
+    bias = ctx.constant("bias", np.array(-int(xz) * pixels, np.int32))
+    return [
+        ctx.node("Cast", [x], {"to": "int32"}, [wide]),
+        ctx.node("ReduceSum", [wide], {"axes": axes, "keepdims": 1, "noop_with_empty_axes": 0}, [total]),
+        ctx.node("Requantize", [total, mult, yz, bias], {"axis": None, "to": _quantized_out(ctx, y)}, [y]),
+    ]
+
+
+def _scaled_product(ctx: _Ctx, acc: Value, scale: Value, bias: Value | None) -> list[Node]:
+    """float32(acc) * scale (+ bias) into the node's output."""
+    y = ctx.outputs[0]
+    f = ctx.temp("float", acc.shape, "float32")
+    nodes = [ctx.node("Cast", [acc], {"to": "float32"}, [f])]
+    if bias is None:
+        return [*nodes, ctx.node("Mul", [f, scale], {}, [y])]
+    scaled = ctx.temp("scaled", acc.shape, "float32")
+    return [*nodes, ctx.node("Mul", [f, scale], {}, [scaled]), ctx.node("Add", [scaled, bias], {}, [y])]
+
+
+def _product_scale(ctx: _Ctx, a_scale: Value, b_scale: Value, nodes: list[Node]) -> Value:
+    if a_scale.const is not None and b_scale.const is not None:
+        return ctx.constant("scale", (a_scale.const.astype(np.float32) * b_scale.const.astype(np.float32)))
+    out = ctx.temp("scale", tuple(np.broadcast_shapes(a_scale.shape, b_scale.shape)), "float32")
+    nodes.append(ctx.node("Mul", [a_scale, b_scale], {}, [out]))
+    return out
+
+
+def MatMulIntegerToFloat(ctx: _Ctx) -> list[Node]:
+    """(A - a_zero_point) @ (B - b_zero_point) in int32, times a_scale * b_scale (b's per column or one), plus bias."""
+    a, b, a_scale, b_scale = ctx.inputs[:4]
+    acc = ctx.temp("acc", ctx.outputs[0].shape, "int32")
+    nodes = [ctx.node("MatMulInteger", [a, b, ctx.input(4), ctx.input(5)], {}, [acc])]
+    scale = _product_scale(ctx, a_scale, b_scale, nodes)
+    return nodes + _scaled_product(ctx, acc, scale, ctx.input(6))
+
+
+def DynamicQuantizeMatMul(ctx: _Ctx) -> list[Node]:
+    """A quantized to uint8 as DynamicQuantizeLinear does, then MatMulIntegerToFloat with B."""
+    a, b, b_scale = ctx.inputs[:3]
+    aq, a_scale, a_zp = (
+        ctx.temp("a", a.shape, "uint8"),
+        ctx.temp("a_scale", (), "float32"),
+        ctx.temp("a_zp", (), "uint8"),
+    )
+    dq = _Ctx(**{**ctx.__dict__, "op": "DynamicQuantizeLinear", "inputs": [a], "outputs": [aq, a_scale, a_zp]})
+    nodes = DynamicQuantizeLinear(dq)
+    acc = ctx.temp("acc", ctx.outputs[0].shape, "int32")
+    nodes.append(ctx.node("MatMulInteger", [aq, b, a_zp, ctx.input(3)], {}, [acc]))
+    scale = _product_scale(ctx, a_scale, b_scale, nodes)
+    return nodes + _scaled_product(ctx, acc, scale, ctx.input(4))
+
+
+CONTRIB: dict[str, Callable[[_Ctx], list[Node]]] = {
+    "QLinearGlobalAveragePool": QLinearGlobalAveragePool,
+    "QLinearLeakyRelu": _unary_lookup(_leaky),
+    "QLinearSigmoid": _unary_lookup(_sigmoid),
+    "QLinearConcat": QLinearConcat,
+    "MatMulIntegerToFloat": MatMulIntegerToFloat,
+    "DynamicQuantizeMatMul": DynamicQuantizeMatMul,
+}
+"""The com.microsoft contrib ops onnxruntime's quantizer writes that tilefarm imports (by op type)."""
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return (*np.broadcast_shapes(a[:-2], b[:-2]), *a[-2:-1], *b[-1:]) if len(b) > 1 else a[:-1]
+
+
+def contrib_types(op: str, attrs: dict, typed: list) -> list[tuple[int, tuple[int, ...]]] | None:
+    """The (onnx element type, shape) of a CONTRIB node's outputs from its inputs' (None where one is unknown):
+    onnx's shape inference does not know the com.microsoft ops."""
+    if any(t is None for t in typed[:1]):
+        return None
+    elem, shape = typed[0]
+    if op in ("QLinearLeakyRelu", "QLinearSigmoid"):
+        return [(elem, shape)]
+    if op == "QLinearGlobalAveragePool":
+        last = attrs.get("channels_last", 0)
+        return [
+            (elem, (shape[0], *[1] * (len(shape) - 2), shape[-1]) if last else (*shape[:2], *[1] * (len(shape) - 2)))
+        ]
+    if op == "QLinearConcat":
+        parts = typed[2::3]
+        if any(t is None for t in parts) or not parts:
+            return None
+        axis = int(attrs["axis"]) % len(parts[0][1])
+        out = list(parts[0][1])
+        out[axis] = sum(t[1][axis] for t in parts)
+        return [(parts[0][0], tuple(out))]
+    if op in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul") and len(typed) > 1 and typed[1] is not None:
+        return [(1, _matmul_shape(tuple(shape), tuple(typed[1][1])))]  # float32
+    return None
