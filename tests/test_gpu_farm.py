@@ -7,10 +7,13 @@ its records keyed by it and borrowed by compile for another GPU of the architect
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -25,6 +28,7 @@ from compiler.base.errors import InvalidTarget, TilefarmError
 from compiler.base.target import Target
 from compiler.costs.measure import BuildResult, MeasureInput, MeasureResult
 from compiler.costs.records import JSONLinesDatabase, TuningRecord, best_replaying, target_name
+from compiler.schedule.state import step_from_record
 from compiler.search.evolution import SearchParams
 from compiler.search.transfer import NOTHING_TO_LEARN, ModelCache, featurize_records
 from compiler.targets import backend_for, host_target, parse_target
@@ -384,6 +388,114 @@ def test_a_cuda_batch_reaches_its_gpus_queue_and_its_records_name_the_gpu(tmp_pa
     refused = worker._measure(seen["payload"])
     assert all(r["error"] == "unknown" and "this worker measures host class" in r["message"] for r in refused)
     client.flushdb()
+
+
+class RecordedBuilder:
+    """Builds nothing (the fake GPU worker's programs are never run)."""
+
+    def build(self, inputs):
+        return [BuildResult(f"built-{i}", None, "", 0.01) for i, _ in enumerate(inputs)]
+
+
+class RecordedRunner:
+    """Answers each program with its recorded time: a fixed function of its steps."""
+
+    def run(self, inputs, builds):
+        return [MeasureResult((recorded_time(i.steps),), None, "", 0.01, 0.02) for i in inputs]
+
+
+def recorded_time(steps) -> float:
+    digest = hashlib.sha256(json.dumps(_tuples([s.record() for s in steps])).encode()).digest()
+    return 1e-5 * (1 + int.from_bytes(digest[:2]) / 65536)
+
+
+def test_a_cuda_job_is_tuned_by_a_search_worker_on_a_fake_gpu_workers_timings(tmp_path, monkeypatch, tiny_cnn):
+    """The whole way: a cuda job through the API, a real search worker (a subprocess on Redis) drives the GPU search
+    and sends every batch to measure.gpu.<key>, where a fake GPU worker (this process: the worker's own progress
+    calls and `_measure`, answering with recorded timings) measures it. The job succeeds on the GPU's records."""
+    import redis
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from workers import tasks as worker
+
+    broker = _redis_url()
+    env = {
+        "TILEFARM_DATABASE_URL": f"sqlite:///{tmp_path / 'farm.db'}",
+        "TILEFARM_BROKER_URL": broker,
+        "TILEFARM_STORAGE_DIR": str(tmp_path / "storage"),
+        "TILEFARM_BOOTSTRAP_TOKEN": TOKEN,
+        "TILEFARM_HEARTBEAT_S": "0.5",
+        "TILEFARM_WORKER_GRACE_S": "120",  # the fake GPU worker writes no heartbeat
+        "TILEFARM_SEARCH_POPULATION": "64",  # the farm is tested here, not the search
+    }
+    for name in [k for k in os.environ if k.startswith("TILEFARM_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.from_env()
+    monkeypatch.setattr(worker, "settings", settings)
+    monkeypatch.setattr(measuring, "_current", H200)
+    monkeypatch.setattr(worker, "_builder", lambda options: RecordedBuilder())
+    monkeypatch.setattr(worker, "_runner", lambda options: RecordedRunner())
+    app = make_celery(settings)
+    r = redis.Redis.from_url(broker)
+    stop, batches, node = threading.Event(), [], "gpu0@fake"
+    programs: set[tuple[str, str]] = set()  # (workload, steps) the fake GPU measured
+
+    def gpu_worker() -> None:
+        while not stop.is_set():
+            taken = r.brpop([H200.queue], timeout=1)
+            if taken is None:
+                continue
+            message = json.loads(taken[1])
+            batch_id, (args, _, _) = message["headers"]["id"], json.loads(base64.b64decode(message["body"]))
+            assert progress.batch_taken(settings, batch_id, node) and progress.batch_running(settings, batch_id, node)
+            results = worker._measure(args[0], batch_id)
+            progress.batch_finished(settings, batch_id, node, len(results), {})
+            app.backend.store_result(batch_id, {"results": results}, "SUCCESS")
+            batches.append(len(results))
+            programs.update((args[0]["workload_key"], json.dumps(c["steps"])) for c in args[0]["candidates"])
+
+    search = None
+    fake = threading.Thread(target=gpu_worker, daemon=True)
+    try:
+        with TestClient(create_app(), headers=bearer(TOKEN)) as client:
+            model = client.post(f"{API}/models", files={"file": ("tiny_cnn.onnx", tiny_cnn)}).json()
+            register(settings, node, H200)
+            job = client.post(
+                f"{API}/jobs", json={"model_id": model["id"], "target": "cuda", "trials": 16, "per_round": 8}
+            ).json()
+            fake.start()
+            log = (tmp_path / "search.log").open("wb")
+            search = subprocess.Popen(
+                [sys.executable, "-m", "workers.worker", "--role", "search", "--name", "search@test"],
+                cwd=REPO, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 300
+            while (done := client.get(f"{API}/jobs/{job['id']}").json())["state"] not in ("succeeded", "failed"):
+                assert time.monotonic() < deadline and search.poll() is None, (tmp_path / "search.log").read_text()
+                time.sleep(0.5)
+        assert done["state"] == "succeeded", (done, (tmp_path / "search.log").read_text()[-3000:])
+        assert done["target_kind"] == "gpu" and done["trials_done"] >= 16
+        best = [t["latency_s"] for t in done["tasks"] if t["latency_s"] is not None]
+        assert best and all(1e-5 <= b < 2e-5 for b in best)  # the GPU's recorded timings, task by task
+        with SQLDatabase(env["TILEFARM_DATABASE_URL"]) as db:
+            stored = list(db)
+        # every measurement went through the GPU's queue (the new programs, and the fastest timed again beside others):
+        # one record per program it measured
+        assert len(stored) == len(programs) and sum(batches) >= len(programs)
+        assert {(rec.host, rec.target) for rec in stored} == {(H200.fingerprint, "cuda -arch=sm_90")}
+        for rec in stored:
+            assert set(rec.costs) == {recorded_time([step_from_record(x) for x in rec.steps])}
+    finally:
+        stop.set()
+        if search is not None:
+            os.killpg(search.pid, signal.SIGKILL)
+            search.wait(30)
+        fake.join(10)
+        r.flushdb()
 
 
 # ---------------------------------------------------------------------------------------------- records, transfer
