@@ -335,3 +335,90 @@ def test_quantize_dynamic_matmul_net(tmp_path):
         # the float output has no quantization step of its own: the int32 products are exact, so only float32
         # rounding in the scale products separates the two
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- com.microsoft
+
+
+def contrib_node(op: str, inputs: dict, consts: dict, out: tuple, **attrs):
+    """A model of one com.microsoft `op` node with output y of (onnx element type, shape): onnx cannot infer it."""
+    names = [n if a is not None else "" for n, a in {**inputs, **consts}.items()]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], domain="com.microsoft", **attrs)],
+        op,
+        [helper.make_tensor_value_info(n, ELEM[a.dtype], a.shape) for n, a in inputs.items()],
+        [helper.make_tensor_value_info("y", *out)],
+        [numpy_helper.from_array(a, n) for n, a in consts.items() if a is not None],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9)
+
+
+def _qparams(dtype, x_scale=0.05, x_zp=3, y_scale=0.02, y_zp=5) -> dict:
+    return {"xs": f32(x_scale)[0], "xz": np.array(x_zp, dtype), "ys": f32(y_scale)[0], "yz": np.array(y_zp, dtype)}
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op, attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.1})])
+def test_contrib_lookup_ops_cover_every_input_value(dtype, op, attrs):
+    # every one of the 256 input values, saturating at both ends (y_scale 0.02 for values up to +-6)
+    x = np.arange(256).astype(np.uint8).view(dtype).reshape(4, 8, 8)
+    model = contrib_node(op, {"x": x}, _qparams(dtype, 0.05, -7 if dtype == np.int8 else 9), (ELEM[x.dtype], x.shape),
+                         **attrs)  # fmt: skip
+    check_exact(model, {"x": x}, reference=False)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_contrib_qlinear_global_average_pool(dtype, channels_last):
+    x = (u8 if dtype == np.uint8 else s8)(2, 6, 5, 4)
+    out = (2, 1, 1, 4) if channels_last else (2, 6, 1, 1)
+    params = _qparams(dtype, 0.05, 3, 0.01, -2 if dtype == np.int8 else 2)
+    model = contrib_node(
+        "QLinearGlobalAveragePool", {"x": x}, params, (ELEM[x.dtype], out), channels_last=channels_last
+    )
+    check_exact(model, {"x": x}, reference=False)
+
+
+def test_contrib_qlinear_concat_requantizes_each_input():
+    a, b = u8(2, 3, 4), u8(2, 5, 4)
+    consts = {"ys": f32(0.04)[0], "yz": np.array(10, np.uint8)}
+    inputs = {
+        "a": a,
+        "as": f32(0.1)[0],
+        "az": np.array(128, np.uint8),
+        "b": b,
+        "bs": f32(0.04)[0],
+        "bz": np.array(10, np.uint8),
+    }
+    names = ["ys", "yz", "a", "as", "az", "b", "bs", "bz"]
+    graph = helper.make_graph(
+        [helper.make_node("QLinearConcat", names, ["y"], domain="com.microsoft", axis=1)], "concat",
+        [helper.make_tensor_value_info(n, TensorProto.UINT8, x.shape) for n, x in (("a", a), ("b", b))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [2, 8, 4])],
+        [numpy_helper.from_array(v, k) for k, v in {**consts, **inputs}.items() if k not in ("a", "b")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
+    check_exact(model, {"a": a, "b": b}, reference=False)
+
+
+def test_contrib_matmul_integer_to_float_and_dynamic_quantize_matmul():
+    a, b = u8(3, 4, 16), s8(16, 8)
+    consts = {"b": b, "as": f32(0.03)[0], "bs": (RNG.random(8) * 0.05).astype(np.float32), "az": np.array(7, np.uint8),
+              "bz": np.zeros(8, np.int8), "bias": RNG.standard_normal(8).astype(np.float32)}  # fmt: skip
+    model = contrib_node("MatMulIntegerToFloat", {"a": a}, consts, (TensorProto.FLOAT, [3, 4, 8]))
+    (got,), (want,) = tilefarm(model, {"a": a}), onnxruntime(model, {"a": a})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # exact int32 products, float32 scaling
+    x = RNG.standard_normal((5, 16)).astype(np.float32)
+    consts = {"b": b, "bs": consts["bs"], "bz": None, "bias": consts["bias"]}
+    model = contrib_node("DynamicQuantizeMatMul", {"x": x}, consts, (TensorProto.FLOAT, [5, 8]))
+    (got,), (want,) = tilefarm(model, {"x": x}), onnxruntime(model, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_contrib_op_is_refused_by_op_and_domain():
+    x = u8(2, 3)
+    model = contrib_node("QAttention", {"x": x}, {}, (TensorProto.UINT8, [2, 3]))
+    with pytest.raises(UnsupportedOp, match="com.microsoft.QAttention"):
+        load(model)
