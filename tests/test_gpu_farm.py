@@ -137,7 +137,7 @@ def test_a_gpu_is_a_host_class_named_by_its_fingerprint():
     assert a10.target.mcpu == a100.target.mcpu == "sm_80" and a10.fingerprint != a100.fingerprint
     with pytest.raises(InvalidTarget, match=r"NVIDIA T4 is sm_75: tilefarm generates code for sm_80\|sm_90 only"):
         measuring.gpu(0, FakeGpu("NVIDIA T4", cc=(7, 5)))
-    with pytest.raises(TilefarmError, match=r"--gpu 1: the driver reports 1 GPU\(s\), numbered from 0"):
+    with pytest.raises(TilefarmError, match=r"^no GPU 1: the driver reports 1 GPU\(s\), numbered from 0$"):
         measuring.gpu(1, FakeGpu())
     assert default_queues("measure", H200) == [H200.queue]
     assert default_queues("all", H200) == ["search", H200.queue]

@@ -56,9 +56,10 @@ def gpu(ordinal: int = 0, driver: DeviceQueries | None = None) -> MeasuringHost:
         from compiler.targets.cuda.driver import Driver
 
         driver = Driver()
-    count = getattr(driver, "device_count", None)
-    if ordinal < 0 or (count is not None and ordinal >= count()):
-        raise TilefarmError(f"--gpu {ordinal}: the driver reports {count() if count else 'no'} GPU(s), numbered from 0")
+    count = driver.device_count() if hasattr(driver, "device_count") else None  # DeviceQueries need not say
+    if ordinal < 0 or (count is not None and ordinal >= count):
+        said = f"the driver reports {count} GPU(s)," if count is not None else "GPUs are"
+        raise TilefarmError(f"no GPU {ordinal}: {said} numbered from 0")
     fp = gpu_fingerprint(driver, ordinal)
     return MeasuringHost(fp.target(), fp)
 

@@ -6,7 +6,6 @@ the farm, the records and the search name host classes by `Target.fingerprint()`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Protocol
 
@@ -81,14 +80,8 @@ class GpuFingerprint:
         return self.target().fingerprint()
 
     def fields(self) -> dict:
-        """What a GPU worker reports in its heartbeat (the workers' `device`), as JSON; `from_fields` reads it back."""
+        """What a GPU worker reports in its heartbeat (the workers' `device`), as JSON, with its key."""
         return {**asdict(self), "compute_capability": list(self.compute_capability), "key": self.key()}
-
-    @staticmethod
-    def from_fields(d: dict) -> GpuFingerprint:
-        known = {f.name for f in dataclass_fields(GpuFingerprint)}
-        values = {k: v for k, v in d.items() if k in known}
-        return GpuFingerprint(**{**values, "compute_capability": tuple(values["compute_capability"])})
 
     def __str__(self):
         gib = self.memory_bytes / 2**30
