@@ -147,15 +147,15 @@ def fusible_consumer(state: State, name: str) -> str | None:
 
 
 def _untiled_consumer(state: State, name: str) -> str | None:
-    """fusible_consumer, unless a rule already tiled it or placed it in another stage's tile: an int8 matmul's
-    epilogue (compiler.tensor.ops.int8_matmul) adds outer products of a row and a column term, so it is tiled
-    itself, and its dot-product producer then tiles on its own (with a cache write)."""
+    """fusible_consumer, unless a rule already tiled it: an int8 matmul's epilogue (compiler.tensor.ops.int8_matmul)
+    adds outer products of a row and a column term, so it is tiled itself, and its dot-product producer then tiles
+    on its own (with a cache write). A consumer placed whole in another stage's tile (at-consumer-tile: a depthwise
+    conv's ReLU6 inside the 1x1 conv's pixel tile) keeps its loops, and its producer tiles into it."""
     consumer = fusible_consumer(state, name)
     if consumer is None:
         return None
-    c = state.stage(consumer)
-    loops = {it.name for it in c.iters}
-    return consumer if c.compute_at == "root" and all(a.name in loops for a in c.op.axes) else None
+    loops = {it.name for it in state.stage(consumer).iters}
+    return consumer if all(a.name in loops for a in state.stage(consumer).op.axes) else None
 
 
 @dataclass(frozen=True)
