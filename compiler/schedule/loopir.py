@@ -12,7 +12,8 @@ kernel's workspace, "shared": one per thread block, "local": one per thread, in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from compiler.tensor.te import Const, Expr, Var
 
@@ -104,6 +105,28 @@ def seq(*stmts: Stmt | None) -> Stmt:
             continue
         flat.extend(s.stmts if isinstance(s, Seq) else (s,))
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def map_children(s: Stmt, fn: Callable[[Stmt], Stmt]) -> Stmt:
+    """`s` with `fn` applied to each statement directly inside it (a loop's or an allocation's body, a sequence's
+    parts, a branch's arms); a Store or Barrier as it is. A rewrite handles the statements it changes and passes the
+    rest here: `map_children(s, rewrite)`."""
+    if isinstance(s, (For, Allocate)):
+        return replace(s, body=fn(s.body))
+    if isinstance(s, Seq):
+        return seq(*(fn(c) for c in s.stmts))
+    if isinstance(s, IfThenElse):
+        return IfThenElse(s.cond, fn(s.then), s.orelse and fn(s.orelse))
+    return s
+
+
+def map_exprs(s: Stmt, fn: Callable[[Expr], Expr], values: bool = True) -> Stmt:
+    """`s` with `fn` applied to every guard's condition and, with `values`, every store's index and value."""
+    if isinstance(s, IfThenElse):
+        return IfThenElse(fn(s.cond), map_exprs(s.then, fn, values), s.orelse and map_exprs(s.orelse, fn, values))
+    if isinstance(s, Store):
+        return Store(s.buffer, fn(s.index), fn(s.value)) if values else s
+    return map_children(s, lambda c: map_exprs(c, fn, values))
 
 
 def walk_stmts(s: Stmt):

@@ -29,6 +29,8 @@ from compiler.schedule.loopir import (
     Seq,
     Stmt,
     Store,
+    map_children,
+    map_exprs,
     seq,
 )
 from compiler.schedule.matrix_transform import is_matrix_transform
@@ -81,9 +83,7 @@ class _Lowering:
 
     def readers(self, name: str) -> list[Stage]:
         return [
-            s
-            for s in self.state.stages
-            if s.name in self.loads and any(ld.buffer == name for ld in self.loads[s.name])
+            s for s in self.state.stages if s.name in self.loads and any(ld.buffer == name for ld in self.loads[s.name])
         ]
 
     # ------------------------------------------------------------------------------------------ bounds
@@ -346,30 +346,12 @@ def merge_nested_bindings(s: Stmt, bound: dict[str, tuple[Var, int]]) -> Stmt:
                 return body if s.extent == extent else IfThenElse(var < s.extent, body)
             bound = {**bound, s.kind: (s.var, s.extent)}
         return replace(s, body=merge_nested_bindings(s.body, bound))
-    if isinstance(s, Seq):
-        return seq(*(merge_nested_bindings(c, bound) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, merge_nested_bindings(s.body, bound), s.scope)
-    if isinstance(s, IfThenElse):
-        orelse = s.orelse and merge_nested_bindings(s.orelse, bound)
-        return IfThenElse(s.cond, merge_nested_bindings(s.then, bound), orelse)
-    return s
+    return map_children(s, lambda c: merge_nested_bindings(c, bound))
 
 
 def _rename(s: Stmt, name: str, var: Var) -> Stmt:
     """`s` with loop variable `name` replaced by `var` in every index, value and guard."""
-    if isinstance(s, Store):
-        return Store(s.buffer, te.substitute(s.index, {name: var}), te.substitute(s.value, {name: var}))
-    if isinstance(s, For):
-        return replace(s, body=_rename(s.body, name, var))
-    if isinstance(s, Seq):
-        return Seq(tuple(_rename(c, name, var) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _rename(s.body, name, var), s.scope)
-    if isinstance(s, IfThenElse):
-        orelse = s.orelse and _rename(s.orelse, name, var)
-        return IfThenElse(te.substitute(s.cond, {name: var}), _rename(s.then, name, var), orelse)
-    return s
+    return map_exprs(s, lambda e: te.substitute(e, {name: var}))
 
 
 def infer_bound(state: State) -> State:

@@ -27,7 +27,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler.base import dtypes
-from compiler.schedule.loopir import Allocate, For, IfThenElse, Seq, Stmt, Store, seq, walk_stmts
+from compiler.schedule.loopir import (
+    Allocate,
+    For,
+    IfThenElse,
+    Seq,
+    Stmt,
+    Store,
+    map_children,
+    map_exprs,
+    seq,
+    walk_stmts,
+)
 from compiler.schedule.simplify import Ranges, simplify, simplify_stmt, symbolic_range
 from compiler.tensor import te
 from compiler.tensor.te import Binary, Const, Expr, Var
@@ -37,14 +48,7 @@ def partition_loops(s: Stmt, ranges: Ranges) -> Stmt:
     """`s` (simplified under `ranges`, every loop variable's inclusive bounds) with its guarded loops cut."""
     if isinstance(s, For):
         return _partition(s, ranges)
-    if isinstance(s, Seq):
-        return seq(*(partition_loops(c, ranges) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, partition_loops(s.body, ranges), s.scope)
-    if isinstance(s, IfThenElse):
-        orelse = s.orelse and partition_loops(s.orelse, ranges)
-        return IfThenElse(s.cond, partition_loops(s.then, ranges), orelse)
-    return s
+    return map_children(s, lambda c: partition_loops(c, ranges))
 
 
 def _partition(loop: For, ranges: Ranges) -> Stmt:
@@ -174,7 +178,7 @@ def _conj(conds: list[Expr]) -> Expr:
 def _drop_guards(s: Stmt, guards: set[Expr]) -> Stmt:
     """`s` with the conjuncts in `guards` taken as true in its conditions (simplify_stmt then folds them away)."""
     true = Const(True, "bool")
-    return _map_exprs(s, lambda e: te.rewrite(e, lambda n: true if n in guards else None), values=False)
+    return map_exprs(s, lambda e: te.rewrite(e, lambda n: true if n in guards else None), values=False)
 
 
 def _last(ok, lo: int, hi: int) -> int:
@@ -213,20 +217,4 @@ def _is_true(e: Expr) -> bool:
 
 
 def _substitute(s: Stmt, mapping: dict[str, Expr]) -> Stmt:
-    return _map_exprs(s, lambda e: te.substitute(e, mapping))
-
-
-def _map_exprs(s: Stmt, fn, values: bool = True) -> Stmt:
-    """`s` with `fn` applied to every guard's condition and, with `values`, every store's index and value."""
-    if isinstance(s, For):
-        return replace(s, body=_map_exprs(s.body, fn, values))
-    if isinstance(s, Seq):
-        return Seq(tuple(_map_exprs(c, fn, values) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_exprs(s.body, fn, values), s.scope)
-    if isinstance(s, IfThenElse):
-        orelse = s.orelse and _map_exprs(s.orelse, fn, values)
-        return IfThenElse(fn(s.cond), _map_exprs(s.then, fn, values), orelse)
-    if isinstance(s, Store) and values:
-        return Store(s.buffer, fn(s.index), fn(s.value))
-    return s
+    return map_exprs(s, lambda e: te.substitute(e, mapping))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 
 from compiler.base import dtypes
-from compiler.schedule.loopir import Allocate, For, IfThenElse, Seq, Stmt, Store, seq
+from compiler.schedule.loopir import IfThenElse, Seq, Stmt, Store, map_children
 from compiler.tensor import te
 from compiler.tensor.te import Binary, Cast, Const, Expr, Select, Unary, Var
 
@@ -293,12 +292,6 @@ def _simplify(e: Expr, ranges: Ranges) -> Expr:
 
 def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
     """`simplify` on every index, value and guard; a guard that folds to a constant leaves its taken branch."""
-    if isinstance(s, For):
-        return replace(s, body=simplify_stmt(s.body, ranges))
-    if isinstance(s, Seq):
-        return seq(*(simplify_stmt(c, ranges) for c in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, simplify_stmt(s.body, ranges), s.scope)
     if isinstance(s, IfThenElse):
         cond = simplify(s.cond, ranges)
         if isinstance(cond, Const):
@@ -310,7 +303,7 @@ def simplify_stmt(s: Stmt, ranges: Ranges) -> Stmt:
         return IfThenElse(cond, simplify_stmt(s.then, ranges), s.orelse and simplify_stmt(s.orelse, ranges))
     if isinstance(s, Store):
         return Store(s.buffer, simplify(s.index, ranges), simplify(s.value, ranges))
-    return s
+    return map_children(s, lambda c: simplify_stmt(c, ranges))
 
 
 # ---------------------------------------------------------------------------------------------- regions
