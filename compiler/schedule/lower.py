@@ -432,5 +432,8 @@ def _auto_unroll(s: Stmt, own: set[str], max_step: int) -> tuple[Stmt, int]:
         return Allocate(s.buffer, body, s.scope), steps
     if isinstance(s, IfThenElse):
         then, steps = _auto_unroll(s.then, own, max_step)
-        return IfThenElse(s.cond, then, s.orelse), steps
+        if s.orelse is None:
+            return IfThenElse(s.cond, then), steps
+        orelse, other = _auto_unroll(s.orelse, own, max_step)
+        return IfThenElse(s.cond, then, orelse), max(steps, other)
     return s, 1
