@@ -3,13 +3,16 @@ a schedule change (vectorize, parallel, strides, reuse)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.costs.features import FEATURE_NAMES, N_FEATURES, FeatureCache, extract, extract_func
+from compiler.costs.features import FEATURE_NAMES, GPU_FIELDS, N_FEATURES, FeatureCache, extract, extract_func
 from compiler.schedule import hand_schedules
+from compiler.schedule.loopir import Allocate, For, Store, walk_stmts
 from compiler.schedule.lower import lower
 from compiler.schedule.state import apply_steps, initial_state
 from compiler.targets.cpu.default_schedule import default_schedule
@@ -42,7 +45,8 @@ def buffer_slots(row: np.ndarray) -> list[dict[str, float]]:
 
 
 def test_layout():
-    assert N_FEATURES == len(FEATURE_NAMES) == 161
+    assert N_FEATURES == len(FEATURE_NAMES) == 174
+    assert FEATURE_NAMES[161:] == GPU_FIELDS
     assert len(set(FEATURE_NAMES)) == N_FEATURES
 
 
@@ -168,3 +172,58 @@ def test_feature_cache():
     assert again is xs[2] and cache.hits == 1 and not again.flags.writeable
     with pytest.raises(ValueError):
         cache.batch(states, keys[:2])
+
+
+# ---------------------------------------------------------------------------------------------- GPU programs
+
+
+def _gpu_matmul(spatial, reduce=((4, 2),)):
+    from compiler.targets.cuda.schedule_rules import Tiling, multi_level_tile
+
+    return multi_level_tile(initial_state(DAGS["matmul"]), "matmul", Tiling(spatial=spatial, reduce=reduce))
+
+
+def test_a_cpu_program_has_zero_gpu_features():
+    x = extract(default_schedule(DAGS["matmul"]))
+    assert not x[:, 161:].any()
+
+
+def test_gpu_features_name_the_launch_the_bindings_and_shared_memory():
+    state = _gpu_matmul(spatial=((1, 4, 1, 2), (2, 4, 1, 1)))
+    func = lower(state)
+    x = extract(state)
+    rows = [named(r) for r in x]
+    assert all(r["gpu"] == pytest.approx(log2p(1)) for r in rows)
+    launch = {}
+    for s in walk_stmts(func.body):
+        if isinstance(s, For) and s.kind != "serial":
+            launch[s.kind] = max(launch.get(s.kind, 1), s.extent)
+    threads = math.prod(v for k, v in launch.items() if k.startswith("threadIdx"))
+    blocks = math.prod(v for k, v in launch.items() if k.startswith("blockIdx"))
+    shared = sum(a.buffer.size * 4 for a in walk_stmts(func.body) if isinstance(a, Allocate) and a.scope == "shared")
+    assert threads > 1 and blocks > 1 and shared > 0
+    for r in rows:
+        assert r["threads_per_block"] == pytest.approx(log2p(threads))
+        assert r["blocks"] == pytest.approx(log2p(blocks))
+        assert r["shared_bytes"] == pytest.approx(log2p(shared))
+    # the output's store runs inside every bound loop: its extents are the launch's
+    out = named(x[-1])
+    assert out["blockIdx_x_len"] == pytest.approx(log2p(launch["blockIdx.x"]))
+    assert out["threadIdx_x_len"] == pytest.approx(log2p(launch["threadIdx.x"]))
+
+
+def test_gpu_features_tell_coalesced_from_strided_global_accesses():
+    # 8 threads (Tiling: vthread, thread, middle, inner per axis) over the columns j of C[i, j] (row-major):
+    # neighbouring threads write neighbouring elements; over the rows i: elements a row apart
+    by_columns = _gpu_matmul(spatial=((1, 1, 1, 1), (1, 8, 1, 1)))
+    by_rows = _gpu_matmul(spatial=((1, 8, 1, 1), (1, 1, 1, 1)))
+
+    def out_row(state):
+        func = lower(state)
+        last = [s for s in walk_stmts(func.body) if isinstance(s, Store)][-1].buffer
+        assert last == "matmul"
+        return named(extract(state)[-1])
+
+    cols, rows = out_row(by_columns), out_row(by_rows)
+    assert cols["global_coalesced"] > 0 and cols["global_strided"] == 0
+    assert rows["global_strided"] > 0

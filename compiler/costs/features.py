@@ -19,6 +19,12 @@ variables (a non-affine part, like `f // 56`, is a term whose range interval ari
   [154, 158) allocation of the stored buffer (zeros for a param): bytes, elements x loops outside the Allocate,
              loops outside it, loops inside it
   [158, 161) outer: product of the enclosing loop extents, number of enclosing loops, auto_unroll_max_step
+  [161, 174) GPU (zeros for a CPU program): whether the program is a GPU kernel; the extents of the store's
+             enclosing loops bound to blockIdx.x/y/z, threadIdx.x/y/z and vthread; the kernel's threads per block
+             and blocks (its launch: the largest bound loop per index); bytes of shared memory it allocates; and
+             the store's global-memory accesses (times its executions) that neighbouring threads of threadIdx.x
+             make to neighbouring or equal elements (coalesced) or farther apart (strided). Registers per thread
+             are known only after ptxas builds a candidate, so they are not here.
 
 "Spatial" loops are those the store's index moves with (inner = smallest coefficient), "reduce" loops the other
 enclosing ones (inner = innermost); a loop inside a non-affine index term is "mixed".
@@ -34,7 +40,20 @@ import numpy as np
 
 from compiler.base import dtypes
 from compiler.base.errors import TilefarmError
-from compiler.schedule.loopir import Allocate, Buffer, For, Func, IfThenElse, Seq, Stmt, Store
+from compiler.schedule.loopir import (
+    BLOCK_KINDS,
+    GPU_LOOP_KINDS,
+    THREAD_KINDS,
+    Allocate,
+    Buffer,
+    For,
+    Func,
+    IfThenElse,
+    Seq,
+    Stmt,
+    Store,
+    walk_stmts,
+)
 from compiler.schedule.lower import lower
 from compiler.schedule.state import State
 from compiler.tensor.te import COMPARE, Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars
@@ -48,6 +67,8 @@ BUFFER_FIELDS = ("read", "write", "read_write", "bytes", "unique_bytes", "lines"
                  "reuse_loop", "reuse_serial", "reuse_none", "reuse_dis_iter", "reuse_dis_bytes", "reuse_ct",
                  "bytes_d_reuse", "unique_bytes_d_reuse", "lines_d_reuse", "unique_lines_d_reuse", "stride",
                  "vector_stride")
+GPU_FIELDS = ("gpu", *(f"{k.replace('.', '_')}_len" for k in GPU_LOOP_KINDS), "threads_per_block", "blocks",
+              "shared_bytes", "global_coalesced", "global_strided")
 # fmt: on
 MAX_BUFFERS = 5
 # bytes per cache line where the caller gives none (Target.cache_line): 64 on every x86-64 and Arm server core
@@ -68,6 +89,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "outer_prod",
     "num_loops",
     "auto_unroll_max_step",
+    *GPU_FIELDS,
 )
 N_FEATURES = len(FEATURE_NAMES)
 
@@ -112,8 +134,48 @@ def extract_func(
                 entry = loop_buf.setdefault((lid, b.name), [0, math.inf])
                 entry[0] += 1
                 entry[1] = min(entry[1], b.touched[i])
-    rows = [_row(st, loop_bytes, loop_buf, unroll_max_step, line) for st in stores]
+    kernel = _Kernel(func)
+    rows = [_row(st, loop_bytes, loop_buf, unroll_max_step, line) + kernel.row(st) for st in stores]
     return np.log2(1.0 + np.asarray(rows, np.float64)).astype(np.float32)
+
+
+class _Kernel:
+    """What a GPU program's features need of the whole kernel: its launch (the largest loop bound to each block
+    and thread index), its shared memory, and which buffers live in global memory."""
+
+    def __init__(self, func: Func):
+        self.launch: dict[str, int] = {}
+        self.shared_bytes = 0
+        self.global_buffers = {b.name for b in func.params}
+        for s in walk_stmts(func.body):
+            if isinstance(s, For) and s.kind in GPU_LOOP_KINDS:
+                self.launch[s.kind] = max(self.launch.get(s.kind, 1), s.extent)
+            elif isinstance(s, Allocate) and s.scope == "shared":
+                self.shared_bytes += s.buffer.size * dtypes.itemsize(s.buffer.dtype)
+            elif isinstance(s, Allocate) and s.scope == "global":
+                self.global_buffers.add(s.buffer.name)
+
+    def row(self, st: _StoreInfo) -> list[float]:
+        if not self.launch:
+            return [0.0] * len(GPU_FIELDS)
+        loops = st.site.loops
+        bound = [
+            math.prod(lp.extent for lp in loops if lp.kind == k) if any(lp.kind == k for lp in loops) else 0
+            for k in GPU_LOOP_KINDS
+        ]
+        threads = math.prod(self.launch.get(k, 1) for k in THREAD_KINDS)
+        blocks = math.prod(self.launch.get(k, 1) for k in BLOCK_KINDS)
+        lanes = [d for d, lp in enumerate(loops) if lp.kind == "threadIdx.x"]
+        coalesced = strided = 0
+        for u in st.buffers:
+            if u.name not in self.global_buffers:
+                continue
+            for a in u.accesses:
+                if not lanes or a.stride(lanes[-1]) <= 1:
+                    coalesced += st.execs
+                else:
+                    strided += st.execs
+        return [1.0, *bound, threads, blocks, self.shared_bytes, coalesced, strided]
 
 
 # ---------------------------------------------------------------------------------------------- program walk
@@ -247,6 +309,8 @@ class _Access:
             span = math.prod(extents[d] for d in set(ds))
             iv = _interval(atom, extent_of)
             n = span if iv is None else min(span, iv[1] - iv[0] + 1)
+            if n == 1:  # a term no loop moves (`f // 8` with f < 8, as fusing a loop of one trip leaves it)
+                continue
             self.terms.append((abs(c), n, max(ds)))
             for d in ds:  # a step of the loop moves the term by at most one: |c| elements, conservatively
                 self.mixed[d] = max(self.mixed.get(d, 0), abs(c))
