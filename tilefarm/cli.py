@@ -555,6 +555,18 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """quantize an ONNX model to int8 with onnxruntime's tools (static QDQ calibrated on your inputs, or dynamic)"""
+    from tilefarm.quantize import quantize
+
+    calibration = Path(args.calibration) if args.calibration else None
+    report = quantize(Path(args.model), Path(args.output), calibration, args.per_channel, args.method, args.dynamic)
+    print(f"wrote {args.output}")
+    for line in report:
+        print(f"  {line}")
+    return 0
+
+
 def _at_least(lowest: int):
     """An argparse type: an integer no smaller than `lowest`."""
 
@@ -776,6 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument("--records", help="a JSON-lines records file instead (holds no host details)")
     ex.add_argument("-o", "--output", required=True, help="the JSON-lines file to write")
     ex.add_argument("--best-only", action="store_true", help="only the fastest record per workload, target and host")
+    qz = sub.add_parser("quantize", help=cmd_quantize.__doc__)
+    qz.add_argument("model", help="the float ONNX model")
+    qz.add_argument("--calibration", metavar="NPZ", help="one array per model input, N samples along the first axis")
+    qz.add_argument("--per-channel", action="store_true", help="weights quantized per output channel")
+    qz.add_argument("--method", choices=("minmax", "entropy", "percentile"), default="minmax", help="calibration")
+    qz.add_argument("--dynamic", action="store_true", help="dynamic quantization (no calibration needed)")
+    qz.add_argument("-o", "--output", required=True, help="the int8 ONNX model to write")
     e = sub.add_parser("example", help=cmd_example.__doc__)
     e.add_argument("name")
     e.add_argument("-o", "--output", required=True)
@@ -800,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         "tune": cmd_tune,
         "tune-kernel": cmd_tune_kernel,
         "example": cmd_example,
+        "quantize": cmd_quantize,
         "db": cmd_db,
         "records": cmd_records,
     }

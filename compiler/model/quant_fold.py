@@ -8,22 +8,22 @@ The rewrites (x_q, w_q the quantized tensors the DequantizeLinears read; s, z th
     DQ(x_q) → Gemm(·, DQ(w_q), bias?)       → Q             ⇒  MatMulInteger(x_q, w_q (K x N)) → Requantize(bias)
     DQ(x_q) → GlobalAveragePool             → Q             ⇒  Cast(int32) → ReduceSum → Requantize(s_x / (s_y·HW),
                                                                                                        -z_x·HW)
+    DQ(a_q), DQ(b_q) → Add                 → Q             ⇒  QLinearAdd(a_q, b_q) (onnxruntime's kernel's rounding)
     DQ(x_q) → MaxPool / Flatten / Reshape / Transpose / Squeeze / Unsqueeze → Q of the same s, z  ⇒  the op on x_q
 
 with m = s_x · s_w / s_y in float32 (per output channel / column where w is quantized per axis) and the int32 bias
 as the model stores it (its scale is s_x · s_w); a float Gemm bias is quantized with that scale. These are the
-integer ops onnxruntime's QDQ transformer runs (QLinearConv, QLinearMatMul, QGemm, QLinearGlobalAveragePool, the
-dropped Q/DQ pairs), in its rounding order (tilefarm's Requantize), so where onnxruntime fuses a chain the result is
-the same to the bit. A chain whose scales or zero points are run-time values, whose float result is read by
-anything but its QuantizeLinear (or is a graph output), or whose weight is not a constant is left in float, which
-computes the same quantities with float accumulation.
+integer ops onnxruntime's QDQ transformer runs (QLinearConv, QLinearMatMul, QGemm, QLinearGlobalAveragePool,
+QLinearAdd, the dropped Q/DQ pairs), in its rounding order (tilefarm's Requantize), so where onnxruntime fuses a chain
+the result is the same to the bit. A chain whose scales or zero points are run-time values, whose float result is
+read by anything but its QuantizeLinear (or is a graph output), or whose weight is not a constant is left in float,
+which computes the same quantities with float accumulation.
 
-onnxruntime itself leaves a chain in float where the activation's DequantizeLinear has other readers (ResNet-18's
-convs after a residual Add: 11 of 20); those fold here too, so an exact integer sum stands where onnxruntime's float
-sum may round a near-tie the other way: its outputs then differ from tilefarm's by a step (ResNet-18 and MobileNetV2
-of random weights at 224 x 224: within one step of the output's scale on at least 99.9% of elements, as
-onnxruntime's own unfused run is). Elementwise chains (DQ → Add → Q) stay as they are: fusion
-makes each one elementwise task that keeps its floats in registers.
+onnxruntime itself leaves a chain in float where its x86 build does not take int8 activations (quantize_static's
+default QInt8 activations: ResNet-18's convs after a residual Add, 11 of 20, and the Adds); those fold here too, so an
+exact integer sum stands where onnxruntime's float sum may round a near-tie the other way, and the step it differs
+by travels on through the net. With uint8 activations (U8S8, what onnxruntime advises on x86) it fuses every chain
+and the outputs are equal.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.model.graph import Graph, Node, TensorType, Value, toposort
+from compiler.model.onnx_import.quantized import qlinear_add_attrs
 from compiler.model.passes import remove_unused
 
 # ops that only move or select elements: on quantized data with unchanged scale and zero point they commute with
@@ -198,6 +199,16 @@ def _global_average_pool(f: _Folder, n: Node) -> list[Node] | None:
     ]  # fmt: skip
 
 
+def _add(f: _Folder, n: Node) -> list[Node] | None:
+    """onnxruntime's QLinearAdd (its QDQ transformer's fusion of DQ, DQ → Add → Q) of same-shape tensors."""
+    a, b, y = _activation(f, n.inputs[0]), _activation(f, n.inputs[1]), f.quantized(n.outputs[0])
+    if a is None or b is None or y is None or a.q.shape != b.q.shape or not a.q.dtype == b.q.dtype == y[1].q.dtype:
+        return None
+    one = [p.reshape(()) for p in (a.scale, a.zero, b.scale, b.zero, y[1].scale, y[1].zero)]
+    attrs = qlinear_add_attrs(*one)
+    return [Node("QLinearAdd", (a.q, b.q), y[0].outputs, attrs, n.name)]
+
+
 def _mover(f: _Folder, n: Node) -> list[Node] | None:
     x, y = _activation(f, n.inputs[0]), f.quantized(n.outputs[0])
     if x is None or y is None or not x.same(y[1]):
@@ -210,6 +221,7 @@ FOLDS: dict[str, Callable[[_Folder, Node], list[Node] | None]] = {
     "MatMul": _matmul,
     "Gemm": _matmul,
     "GlobalAveragePool": _global_average_pool,
+    "Add": _add,
     **dict.fromkeys(_MOVERS, _mover),
 }
 

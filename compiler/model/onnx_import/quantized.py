@@ -333,7 +333,38 @@ def DynamicQuantizeMatMul(ctx: _Ctx) -> list[Node]:
     return nodes + _scaled_product(ctx, acc, scale, ctx.input(4))
 
 
+def qlinear_add_attrs(a_scale, a_zp, b_scale, b_zp, c_scale, c_zp) -> dict:
+    """The Requantize-like constants of onnxruntime's QLinearAdd kernel (tensor op QLinearAdd), in its float32
+    order: ratios a_scale / c_scale and b_scale / c_scale, fixed part c_zp - (ratio_a * a_zp + ratio_b * b_zp)."""
+    f32 = np.float32
+    ra, rb = f32(a_scale) / f32(c_scale), f32(b_scale) / f32(c_scale)
+    fixed = f32(int(c_zp)) - (ra * f32(int(a_zp)) + rb * f32(int(b_zp)))
+    return {"ratios": (float(ra), float(rb)), "fixed": float(fixed)}
+
+
+def QLinearAdd(ctx: _Ctx) -> list[Node]:
+    a, b, y = ctx.inputs[0], ctx.inputs[3], ctx.outputs[0]
+    if a.dtype not in QUANTIZED_DTYPES or b.dtype != a.dtype or y.dtype != a.dtype:
+        raise InvalidModel(f"QLinearAdd node {ctx.name!r}: A, B and C must be one of int8, uint8 alike")
+    if a.shape != b.shape:
+        raise _CannotConvert(
+            f"QLinearAdd node {ctx.name!r}: A {list(a.shape)} and B {list(b.shape)} differ in shape; tilefarm adds "
+            "quantized tensors of one shape (onnxruntime's broadcast spans round differently)"
+        )
+    slots = (
+        (1, "A_scale"),
+        (2, "A_zero_point"),
+        (4, "B_scale"),
+        (5, "B_zero_point"),
+        (6, "C_scale"),
+        (7, "C_zero_point"),
+    )
+    params = [_scalar(ctx, i, what) for i, what in slots]
+    return [ctx.node("QLinearAdd", [a, b], qlinear_add_attrs(*params))]
+
+
 CONTRIB: dict[str, Callable[[_Ctx], list[Node]]] = {
+    "QLinearAdd": QLinearAdd,
     "QLinearGlobalAveragePool": QLinearGlobalAveragePool,
     "QLinearLeakyRelu": _unary_lookup(_leaky),
     "QLinearSigmoid": _unary_lookup(_sigmoid),
@@ -356,6 +387,8 @@ def contrib_types(op: str, attrs: dict, typed: list) -> list[tuple[int, tuple[in
     elem, shape = typed[0]
     if op in ("QLinearLeakyRelu", "QLinearSigmoid"):
         return [(elem, shape)]
+    if op == "QLinearAdd" and len(typed) > 3 and typed[3] is not None:
+        return [(elem, tuple(np.broadcast_shapes(tuple(shape), tuple(typed[3][1]))))]
     if op == "QLinearGlobalAveragePool":
         last = attrs.get("channels_last", 0)
         return [

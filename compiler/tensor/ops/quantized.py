@@ -155,10 +155,33 @@ def requantize(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [te.compute(acc.shape, body, name=name, tag="elemwise")]
 
 
+def qlinear_add(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """onnxruntime's QLinearAdd (MLAS AVX2 kernel) of same-shape int8 / uint8 a and b, with `ratios` the float32
+    (a_scale / c_scale, b_scale / c_scale) and `fixed` the float32 c_zero_point - (ratio_a * a_zp + ratio_b * b_zp):
+    t = fma(b, ratio_b, fixed), u = fma(a, ratio_a, t), saturate(round_half_even(u)). A fused multiply-add rounds
+    once: the float64 products of a float32 and an 8-bit integer, and their sum with a float32, are exact."""
+    op = "QLinearAdd"
+    a, b = _input(op, ins, 0, "A"), _input(op, ins, 1, "B")
+    _dtype_in(op, a, QUANTIZED)
+    _dtype_in(op, b, (a.dtype,))
+    if a.shape != b.shape:
+        raise InvalidExpr(f"{op}: A {_dims(a)} and B {_dims(b)} must have one shape")
+    ratio_a, ratio_b = (te.const(float(r), "float64") for r in attrs["ratios"])
+    fixed = te.const(float(attrs["fixed"]), "float64")
+
+    def body(*i):
+        t = te.cast("float32", te.cast("float64", b[i]) * ratio_b + fixed)
+        u = te.cast("float32", te.cast("float64", a[i]) * ratio_a + te.cast("float64", t))
+        return _saturate(round_half_even(u), a.dtype)
+
+    return [te.compute(a.shape, body, name=name, tag="elemwise")]
+
+
 QUANTIZED_OPS = {
     "QuantizeLinear": quantize_linear,
     "DequantizeLinear": dequantize_linear,
     "MatMulInteger": matmul_integer,
     "ConvInteger": conv_integer,
     "Requantize": requantize,
+    "QLinearAdd": qlinear_add,
 }
