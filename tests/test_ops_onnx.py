@@ -749,6 +749,13 @@ def _requantize_ref(acc, mult, zp, bias):
     return [np.clip(q, -128, 127).astype(np.int8)]
 
 
+def _qlinear_add_ref(a, b):
+    # two fused multiply-adds (onnxruntime's AVX2 QLinearAdd), each exact in float64 and rounded once to float32
+    t = (b.astype(np.float64) * np.float32(0.7) + np.float32(3.25)).astype(np.float32)
+    u = (a.astype(np.float64) * np.float32(0.3) + t).astype(np.float32)
+    return [np.clip(np.rint(u), 0, 255).astype(np.uint8)]
+
+
 def quantized_cases() -> list[Case]:
     """The quantized ops (compiler/tensor/ops/quantized.py), exact; Requantize (tilefarm's own) against numpy."""
     x, u8, s8 = f32(2, 3, 4) * 20, ints(2, 5, 6, dtype="uint8", lo=0, hi=256), ints(6, 4, dtype="int8", lo=-128, hi=128)
@@ -767,6 +774,8 @@ def quantized_cases() -> list[Case]:
              hi=128), np.array(100, np.uint8)], conv, opset=10),
         Case("Requantize", [acc, mult, np.array(-3, np.int8), ints(3, lo=-100, hi=100)], {"axis": 1, "to": "int8"},
              reference=_requantize_ref),
+        Case("QLinearAdd", [u8, ints(2, 5, 6, dtype="uint8", lo=0, hi=256)],
+             {"ratios": (float(np.float32(0.3)), float(np.float32(0.7))), "fixed": 3.25}, reference=_qlinear_add_ref),
     ]  # fmt: skip
 
 
