@@ -25,8 +25,8 @@ _ANCHOR = (
     " GlobalMaxPool"
 )
 # quantized ops (onnx_import/quantized.py): elementwise with a per-tensor or per-axis scale, and int32 products
-_QUANTIZED_BROADCAST = "QuantizeLinear DequantizeLinear Requantize"
-_QUANTIZED_ANCHOR = "MatMulInteger ConvInteger"
+_QUANTIZED_BROADCAST = "QuantizeLinear DequantizeLinear Requantize QLinearAdd"
+_QUANTIZED_ANCHOR = "MatMulInteger ConvInteger PackedMatMulInteger PackedConvInteger"
 PATTERNS: dict[str, int] = {
     **dict.fromkeys(_UNARY.split(), ELEMWISE),
     **dict.fromkeys(_BINARY.split(), BROADCAST),
