@@ -14,7 +14,6 @@ libgomp's `GOMP_parallel`, its threads taking chunks from libgomp's guided sched
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,9 +25,11 @@ from compiler.base import dtypes
 from compiler.base.arrays import ALIGN
 from compiler.base.errors import BuildError
 from compiler.schedule.loopir import Allocate, For, Func, IfThenElse, Seq, Stmt, Store
+from compiler.targets import llvm_arith
 from compiler.targets.cpu.codegen import dot4
 from compiler.targets.cpu.codegen.lanes import coeff, has_hazard, referenced, uses, vectorizable
 from compiler.targets.cpu.codegen.memory import fits_stack, nbytes, plan_scratch
+from compiler.targets.llvm_arith import COMPARISONS, filled, splat_const, zero
 from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 
 MAX_LOAD_STRIDE = 4  # loads stepping by up to this many elements per lane use a masked span + shuffle
@@ -38,14 +39,22 @@ NUM_THREADS_GLOBAL = "tilefarm_num_threads"
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 VOID = ir.VoidType()
-_SCALAR = {"bool": I1, "int8": I8, "uint8": I8, "uint16": I16, "int32": I32, "uint32": I32, "int64": I64,
-           "uint64": I64, "float32": ir.FloatType(), "float64": ir.DoubleType()}
-_FCMP = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}
+_SCALAR = {
+    "bool": I1,
+    "int8": I8,
+    "uint8": I8,
+    "uint16": I16,
+    "int32": I32,
+    "uint32": I32,
+    "int64": I64,
+    "uint64": I64,
+    "float32": ir.FloatType(),
+    "float64": ir.DoubleType(),
+}
 _BOOL_ARITH = {"add": "or", "mul": "and", "sub": "xor", "max": "or", "min": "and"}  # numpy's bool algebra
 _LIBM = ("exp", "log", "tanh", "erf", "pow", "sin", "cos")  # in glibc's vector math library (libmvec) too, since 2.35
 _LLVM_MATH = ("exp", "log", "tanh", "pow", "sin", "cos")  # LLVM intrinsics that lower to the libm call for scalars
 _LIBMVEC_ISA = {64: "e", 32: "d", 16: "b"}  # x86-64 vector function ABI letter by register size: AVX-512, AVX2, SSE4
-_CONTRACT = ("contract",)  # lets LLVM fuse a*b+c into FMA without the reassociation full fast-math allows
 
 
 def _value_type(dtype: str, width: int | None = None) -> ir.Type:
@@ -97,37 +106,6 @@ def _bool_const(v: ir.Value) -> bool | None:
     return None
 
 
-class _ZeroVector(ir.Constant):
-    """A vector of zeros, written `zeroinitializer`: llvmlite spells out every lane (a splat of 16 floats took
-    ~300 bytes of IR text, and unrolled Winograd transforms emit thousands)."""
-
-    def _get_reference(self):
-        return "zeroinitializer"
-
-
-def _zero(t: ir.Type) -> ir.Constant:
-    return _ZeroVector(t, None) if isinstance(t, ir.VectorType) else ir.Constant(t, None)
-
-
-def _is_zero(value) -> bool:
-    """0, False or +0.0 (not -0.0, whose bits differ)."""
-    return value is None or (
-        isinstance(value, (int, float)) and value == 0 and math.copysign(1.0, value) > 0
-    )
-
-
-def _filled(t: ir.Type, value) -> ir.Constant:
-    """`value` as a constant of type `t`: in every lane of a vector (written zeroinitializer when it is +0)."""
-    if not isinstance(t, ir.VectorType):
-        return ir.Constant(t, value)
-    return _zero(t) if _is_zero(value) else ir.Constant(t, [value] * t.count)
-
-
-def _splat_const(like: ir.Value, value) -> ir.Constant:
-    """`value` as a constant of `like`'s type (every lane, for a vector)."""
-    return _filled(like.type, value)
-
-
 def _wrap_int(value: int, bits: int) -> int:
     value &= (1 << bits) - 1
     return value - (1 << bits) if bits > 1 and value >= 1 << (bits - 1) else value
@@ -142,8 +120,16 @@ def _mod(a: int, b: int) -> int:
 
 
 _COMPARE = {"lt": int.__lt__, "le": int.__le__, "eq": int.__eq__, "ne": int.__ne__, "gt": int.__gt__, "ge": int.__ge__}
-_FOLD = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__, "floordiv": _floordiv, "div": _floordiv,
-         "mod": _mod, "min": min, "max": max}
+_FOLD = {
+    "add": int.__add__,
+    "sub": int.__sub__,
+    "mul": int.__mul__,
+    "floordiv": _floordiv,
+    "div": _floordiv,
+    "mod": _mod,
+    "min": min,
+    "max": max,
+}
 
 
 class _ModuleEmitter:
@@ -344,8 +330,13 @@ class _FnEmitter:
         else:
             # a serial loop of the schedule stays rolled (see counted_loop); one marked llvm_unroll is LLVM's to unroll
             hint = "llvm.loop.unroll.full" if s.llvm_unroll else "llvm.loop.unroll.disable"
-            self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, s.extent), lambda i: self.body_at(s, i),
-                              maybe_empty=False, unroll_hint=hint)
+            self.counted_loop(
+                ir.Constant(I64, 0),
+                ir.Constant(I64, s.extent),
+                lambda i: self.body_at(s, i),
+                maybe_empty=False,
+                unroll_hint=hint,
+            )
 
     def body_at(self, s: For, i: ir.Value) -> None:
         with self.bind(self.env, s.var.name, i):
@@ -386,9 +377,12 @@ class _FnEmitter:
         if chunks == 1:
             self.vector_body(s, ir.Constant(I64, 0), width)
         else:
-            self.counted_loop(ir.Constant(I64, 0), ir.Constant(I64, chunks),
-                              lambda c: self.vector_body(s, self.b.mul(c, ir.Constant(I64, width)), width),
-                              maybe_empty=False)
+            self.counted_loop(
+                ir.Constant(I64, 0),
+                ir.Constant(I64, chunks),
+                lambda c: self.vector_body(s, self.b.mul(c, ir.Constant(I64, width)), width),
+                maybe_empty=False,
+            )
         if tail:
             self.vector_body(s, ir.Constant(I64, chunks * width), tail)
 
@@ -420,7 +414,7 @@ class _FnEmitter:
             arg.add_attribute("noalias")  # restates the kernel's own noalias params for the optimizer
         em = _FnEmitter(self.mod, body_fn, self.kernel, in_parallel=True)
         em.bufs = {b: (arg, self.bufs[b][1]) for b, arg in zip(cap_bufs, body_fn.args)}
-        em.env = dict(zip(cap_vars, body_fn.args[len(cap_bufs):]))
+        em.env = dict(zip(cap_vars, body_fn.args[len(cap_bufs) :]))
         lo, hi = body_fn.args[-2:]
         em.counted_loop(lo, hi, lambda i: em.body_at(s, i), maybe_empty=True)
         em.finish()
@@ -449,8 +443,10 @@ class _FnEmitter:
         fn.attributes.add("nounwind")
         b = ir.IRBuilder(fn.append_basic_block())
         data = fn.args[0]
-        caps = [b.load(b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=frame), typ=t)
-                for k, t in enumerate(frame.elements)]
+        caps = [
+            b.load(b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=frame), typ=t)
+            for k, t in enumerate(frame.elements)
+        ]
         lo, hi = b.alloca(I64), b.alloca(I64)
         start = self.mod.function("GOMP_loop_nonmonotonic_guided_start", I8, [I64, I64, I64, I64, PTR, PTR])
         step, min_chunk = ir.Constant(I64, 1), ir.Constant(I64, 1)
@@ -542,13 +538,15 @@ class _FnEmitter:
             if self.mask is None:
                 self.b.store(value, addr, align=align)
             else:
-                fn = self.mod.intrinsic("llvm.masked.store", VOID, [value.type, PTR, I32, self.mask.type],
-                                        [value.type, PTR])
+                fn = self.mod.intrinsic(
+                    "llvm.masked.store", VOID, [value.type, PTR, I32, self.mask.type], [value.type, PTR]
+                )
                 self.b.call(fn, [value, addr, ir.Constant(I32, align), self.mask])
             return
         addrs = self.vector_gep(ptr, self.index(s.index), elem)
-        fn = self.mod.intrinsic("llvm.masked.scatter", VOID, [value.type, addrs.type, I32, self.lane_mask().type],
-                                [value.type, addrs.type])
+        fn = self.mod.intrinsic(
+            "llvm.masked.scatter", VOID, [value.type, addrs.type, I32, self.lane_mask().type], [value.type, addrs.type]
+        )
         self.b.call(fn, [value, addrs, ir.Constant(I32, align), self.lane_mask()])
 
     def dot4(self, s: Store) -> ir.Value | None:
@@ -594,10 +592,10 @@ class _FnEmitter:
             maddubs, maddwd = "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"
         ubs = self.mod.function(maddubs, words, [a.type, a.type])
         wd = self.mod.function(maddwd, acc.type, [words, words])
-        low = self.b.and_(w, _filled(w.type, 63))
-        high = self.b.ashr(w, _filled(w.type, 6))
-        lo = self.b.call(wd, [self.b.call(ubs, [a, low]), _filled(words, 1)])
-        hi = self.b.call(wd, [self.b.call(ubs, [a, high]), _filled(words, 64)])
+        low = self.b.and_(w, filled(w.type, 63))
+        high = self.b.ashr(w, filled(w.type, 6))
+        lo = self.b.call(wd, [self.b.call(ubs, [a, low]), filled(words, 1)])
+        hi = self.b.call(wd, [self.b.call(ubs, [a, high]), filled(words, 64)])
         return self.b.add(acc, self.b.add(lo, hi))
 
     # ------------------------------------------------------------------------------------------ memory
@@ -639,7 +637,7 @@ class _FnEmitter:
         return self.b.zext(v, self.retype(v, I8)) if dtype == "bool" else v
 
     def from_memory(self, v: ir.Value, dtype: str) -> ir.Value:
-        return self.b.icmp_unsigned("!=", v, _zero(v.type)) if dtype == "bool" else v
+        return self.b.icmp_unsigned("!=", v, zero(v.type)) if dtype == "bool" else v
 
     def load(self, e: Load) -> ir.Value:
         ptr, dtype = self.buffer(e.buffer)
@@ -664,7 +662,7 @@ class _FnEmitter:
         vty = ir.VectorType(elem, lanes.width)
         mask = self.lane_mask()
         fn = self.mod.intrinsic("llvm.masked.gather", vty, [addrs.type, I32, mask.type, vty], [vty, addrs.type])
-        return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, _zero(vty)]), dtype)
+        return self.from_memory(self.b.call(fn, [addrs, ir.Constant(I32, align), mask, zero(vty)]), dtype)
 
     def masked_load(self, addr: ir.Value, vty: ir.VectorType, align: int, mask: ir.Value) -> ir.Value:
         """llvm.masked.load, zero in inactive lanes. A lane count that is not a power of two is loaded as the next
@@ -676,12 +674,12 @@ class _FnEmitter:
         wty = ir.VectorType(vty.element, wide_n)
         if wide_n != n:
             pick = ir.Constant(ir.VectorType(I32, wide_n), [*range(n), *[n] * (wide_n - n)])  # lane n: all off
-            mask = self.b.shuffle_vector(mask, _zero(mask.type), pick)
+            mask = self.b.shuffle_vector(mask, zero(mask.type), pick)
         fn = self.mod.intrinsic("llvm.masked.load", wty, [PTR, I32, mask.type, wty], [wty, PTR])
-        v = self.b.call(fn, [addr, ir.Constant(I32, align), mask, _zero(wty)])
+        v = self.b.call(fn, [addr, ir.Constant(I32, align), mask, zero(wty)])
         if wide_n == n:
             return v
-        return self.b.shuffle_vector(v, _zero(wty), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        return self.b.shuffle_vector(v, zero(wty), ir.Constant(ir.VectorType(I32, n), list(range(n))))
 
     def strided_load(self, ptr: ir.Value, elem: ir.Type, align: int, idx: Expr, step: int) -> ir.Value:
         """Lanes that read every `step`-th element (stride-2 convolutions, pooling): one masked load of the
@@ -692,14 +690,16 @@ class _FnEmitter:
         pattern = [j % step == 0 for j in range(width * step)]
         mask: ir.Value = ir.Constant(ir.VectorType(I1, width * step), pattern)
         if self.mask is not None:
-            spread = self.b.shuffle_vector(self.mask, _zero(self.mask.type),
-                                           ir.Constant(ir.VectorType(I32, width * step),
-                                                       [j // step for j in range(width * step)]))
+            spread = self.b.shuffle_vector(
+                self.mask,
+                zero(self.mask.type),
+                ir.Constant(ir.VectorType(I32, width * step), [j // step for j in range(width * step)]),
+            )
             mask = self.b.and_(mask, spread)
         addr = self.b.gep(ptr, [self.index_at_start(idx)], source_etype=elem)
         span = self.masked_load(addr, wide, align, mask)
         pick = ir.Constant(ir.VectorType(I32, width), [j * step for j in range(width)])
-        return self.b.shuffle_vector(span, _zero(wide), pick)
+        return self.b.shuffle_vector(span, zero(wide), pick)
 
     # ------------------------------------------------------------------------------------------ expressions
 
@@ -745,7 +745,7 @@ class _FnEmitter:
             value = float(value)
         else:
             value = _wrap_int(int(value), dtypes.bits(dtype)) if dtype != "bool" else int(bool(value))
-        return _filled(_value_type(dtype, width), value)
+        return filled(_value_type(dtype, width), value)
 
     def as_bool(self, e: Expr) -> ir.Value:
         return self.convert(self.expr(e), e.dtype, "bool")
@@ -759,9 +759,9 @@ class _FnEmitter:
             return v
         vty = ir.VectorType(v.type, width)
         if isinstance(v, ir.Constant) and not isinstance(v.constant, (list, tuple)):
-            return _filled(vty, v.constant)
-        one = self.b.insert_element(_zero(vty), v, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, _zero(vty), _zero(ir.VectorType(I32, width)))
+            return filled(vty, v.constant)
+        one = self.b.insert_element(zero(vty), v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, zero(vty), zero(ir.VectorType(I32, width)))
 
     def unify(self, *vals: ir.Value) -> list[ir.Value]:
         """Broadcast uniform operands to the lane count of the vector ones."""
@@ -774,8 +774,8 @@ class _FnEmitter:
             return v
         b, ty = self.b, self.retype(v, _SCALAR[dst])
         if dst == "bool":
-            zero = _zero(v.type)
-            return b.fcmp_unordered("!=", v, zero) if dtypes.is_float(src) else b.icmp_unsigned("!=", v, zero)
+            z = zero(v.type)
+            return b.fcmp_unordered("!=", v, z) if dtypes.is_float(src) else b.icmp_unsigned("!=", v, z)
         if dtypes.is_float(src) and dtypes.is_float(dst):
             return b.fpext(v, ty) if dtypes.bits(dst) > dtypes.bits(src) else b.fptrunc(v, ty)
         if dtypes.is_float(src):
@@ -784,7 +784,7 @@ class _FnEmitter:
             if dst == "uint32":  # through i64: values past int32's range are in uint32's
                 return b.trunc(b.fptosi(v, self.retype(v, I64)), ty)
             if dst == "uint64":  # fptosi below 2^63 (a negative value wraps, as numpy's does), fptoui from there
-                big = b.fcmp_ordered(">=", v, _splat_const(v, 2.0**63))
+                big = b.fcmp_ordered(">=", v, splat_const(v, 2.0**63))
                 return b.select(big, b.fptoui(v, ty), b.fptosi(v, ty))
             return b.fptosi(v, ty)
         signed = dtypes.is_signed(src)
@@ -806,10 +806,10 @@ class _FnEmitter:
                 return a if cb == (e.op == "and") else b
             a, b = self.unify(a, b)
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
-        dt = dtypes.promote(e.a.dtype, e.b.dtype) if e.op in _FCMP else e.dtype
+        dt = dtypes.promote(e.a.dtype, e.b.dtype) if e.op in COMPARISONS else e.dtype
         a = self.convert(self.expr(e.a), e.a.dtype, dt)
         b = self.convert(self.expr(e.b), e.b.dtype, dt)
-        if e.op in _FCMP:
+        if e.op in COMPARISONS:
             a, b = self.unify(a, b)
             return self.compare(e.op, a, b, dt)
         if dtypes.is_float(dt):
@@ -820,35 +820,16 @@ class _FnEmitter:
         ca, cb = _int_const(a), _int_const(b)
         if ca is not None and cb is not None and not dtypes.is_float(dt):  # unrolled indices (a pad's bounds test)
             return ir.Constant(ir.IntType(1), int(_COMPARE[op](ca, cb)))
-        sym = _FCMP[op]
-        if dtypes.is_float(dt):  # numpy: comparisons with NaN are false, except !=
-            return self.b.fcmp_unordered(sym, a, b) if op == "ne" else self.b.fcmp_ordered(sym, a, b)
-        cmp = self.b.icmp_signed if dtypes.is_signed(dt) else self.b.icmp_unsigned
-        return cmp(sym, a, b)
+        return llvm_arith.compare(self.b, op, a, b, dt)
 
     def float_arith(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
-        bld = self.b
-        if op == "add":
-            return bld.fadd(a, b, flags=_CONTRACT)
-        if op == "sub":
-            return bld.fsub(a, b, flags=_CONTRACT)
-        if op == "mul":
-            return bld.fmul(a, b, flags=_CONTRACT)
-        if op == "div":
-            return bld.fdiv(a, b)
-        if op == "floordiv":
-            return self.math("llvm.floor", bld.fdiv(a, b))
-        if op == "mod":  # numpy: the remainder takes the sign of the divisor
-            r = bld.frem(a, b)
-            zero = _zero(a.type)
-            fix = bld.and_(bld.fcmp_ordered("!=", r, zero),
-                           bld.xor(bld.fcmp_ordered("<", r, zero), bld.fcmp_ordered("<", b, zero)))
-            return bld.select(fix, bld.fadd(r, b), r)
-        if op in ("min", "max"):  # llvm.minimum/maximum propagate NaN like numpy's minimum/maximum
-            return self.math("llvm.minimum" if op == "min" else "llvm.maximum", a, b)
-        if op == "pow":
-            return self.libm("pow", a, b)
-        raise BuildError(f"kernel {self.kernel}: unknown binary op {op!r}")
+        value = llvm_arith.float_binary(self.b, op, a, b, self._float_call)
+        if value is None:
+            raise BuildError(f"kernel {self.kernel}: unknown binary op {op!r}")
+        return value
+
+    def _float_call(self, name: str, *args: ir.Value) -> ir.Value:
+        return self.libm(name, *args) if name in _LIBM else self.math(name, *args)
 
     def int_arith(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
         ca, cb = _int_const(a), _int_const(b)
@@ -877,47 +858,10 @@ class _FnEmitter:
         raise BuildError(f"kernel {self.kernel}: unknown binary op {op!r} for {dt}")
 
     def int_division(self, is_mod: bool, a: ir.Value, b: ir.Value, cb: int | None, dt: str) -> ir.Value:
-        """Floor division / modulo (Python semantics), without the traps of x86's idiv: x // 0 and x % 0 give 0
-        and MIN // -1 wraps to MIN, like numpy."""
-        bld = self.b
-        if cb == 0:
-            return _splat_const(a, 0)
-        if cb is not None and cb > 0 and cb & (cb - 1) == 0:  # power of two: a shift and a mask are exact floors
-            if is_mod:
-                return bld.and_(a, _splat_const(a, cb - 1))
-            shift = bld.ashr if dtypes.is_signed(dt) else bld.lshr
-            return shift(a, _splat_const(a, cb.bit_length() - 1))
-        a, b = self.unify(a, b)
-        signed = dtypes.is_signed(dt)
-        zero = _zero(a.type)
-        if cb is None:  # divide by 1 instead of 0 or -1, then patch the result
-            by_zero = bld.icmp_unsigned("==", b, zero)
-            by_minus_one = bld.icmp_signed("==", b, _splat_const(b, -1)) if signed else None
-            bad = bld.or_(by_zero, by_minus_one) if signed else by_zero
-            b = bld.select(bad, _splat_const(b, 1), b)
-        if not signed:
-            r = bld.urem(a, b) if is_mod else bld.udiv(a, b)
-        else:
-            q, r = bld.sdiv(a, b), bld.srem(a, b)
-            # truncated → floored: step down when the remainder is nonzero and its sign differs from the divisor's
-            adjust = bld.and_(bld.icmp_signed("!=", r, zero), bld.icmp_signed("<", bld.xor(r, b), zero))
-            r = bld.select(adjust, bld.add(r, b), r) if is_mod else bld.sub(q, bld.zext(adjust, a.type))
-        if cb is None:
-            if signed and not is_mod:
-                r = bld.select(by_minus_one, bld.neg(r), r)
-            r = bld.select(by_zero, zero, r)
-        return r
+        return llvm_arith.int_division(self.b, is_mod, *self.unify(a, b), cb, dt)
 
     def shift(self, left: bool, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
-        """a << b or a >> b (arithmetic for a signed dt). LLVM's shift by a count outside [0, bits) is poison; here it
-        shifts every bit out, as te defines it: 0, or -1 for a signed negative `a` shifted right. A negative count
-        compares as a huge unsigned one."""
-        bld, bits = self.b, _splat_const(b, dtypes.bits(dt))
-        fits = bld.icmp_unsigned("<", b, bits)
-        if not left and dtypes.is_signed(dt):  # shifting by bits - 1 already fills every bit with the sign
-            return bld.ashr(a, bld.select(fits, b, _splat_const(b, dtypes.bits(dt) - 1)))
-        # select does not pass on the poison of the operand it does not choose
-        return bld.select(fits, bld.shl(a, b) if left else bld.lshr(a, b), _zero(a.type))
+        return llvm_arith.shift(self.b, left, a, b, dt)
 
     def int_pow(self, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
         a64, b64 = self.convert(a, dt, "int64"), self.convert(b, dt, "int64")
@@ -931,7 +875,7 @@ class _FnEmitter:
         if width is None:
             return scalar_op(*args)
         results = [scalar_op(*(self.b.extract_element(x, ir.Constant(I32, i)) for x in args)) for i in range(width)]
-        out = _zero(ir.VectorType(results[0].type, width))
+        out = zero(ir.VectorType(results[0].type, width))
         for i, r in enumerate(results):
             out = self.b.insert_element(out, r, ir.Constant(I32, i))
         return out
@@ -959,7 +903,7 @@ class _FnEmitter:
             return x
         if not is_float:
             raise BuildError(f"kernel {self.kernel}: {op} needs a float operand, got {dt}")
-        one = _splat_const(x, 1.0)
+        one = splat_const(x, 1.0)
         if op in _LIBM:
             return self.libm(op, x)
         if op in ("sqrt", "floor"):
@@ -994,13 +938,13 @@ class _FnEmitter:
         if start == 0 and n == count:
             return v
         mask = [start + i if start + i < count else 0 for i in range(n)]
-        return self.b.shuffle_vector(v, _zero(v.type), ir.Constant(ir.VectorType(I32, n), mask))
+        return self.b.shuffle_vector(v, zero(v.type), ir.Constant(ir.VectorType(I32, n), mask))
 
     def concat(self, chunks: list[ir.Value], width: int) -> ir.Value:
         """The first `width` lanes of the chunks laid end to end."""
         while len(chunks) > 1:
             if len(chunks) % 2:
-                chunks.append(_zero(chunks[0].type))
+                chunks.append(zero(chunks[0].type))
             n = chunks[0].type.count
             mask = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
             chunks = [self.b.shuffle_vector(a, b, mask) for a, b in zip(chunks[::2], chunks[1::2])]

@@ -34,6 +34,7 @@ from compiler.schedule.loopir import (
     Store,
     walk_stmts,
 )
+from compiler.targets import llvm_arith
 from compiler.targets.cuda.codegen.launch import LaunchShape
 from compiler.targets.cuda.codegen.memory import PARAM_ALIGN, SHARED_ALIGN
 from compiler.tensor.te import Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk
@@ -68,10 +69,8 @@ _SREG = {
     "threadIdx.y": "tid.y",
     "threadIdx.z": "tid.z",
 }
-_CMP = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}
 _BOOL_ARITH = {"add": "or", "mul": "and", "sub": "xor", "max": "or", "min": "and"}  # numpy's bool algebra
 _LIBDEVICE = ("exp", "log", "tanh", "erf", "sin", "cos", "pow", "rsqrt")  # __nv_<op>f (float32) and __nv_<op>
-_CONTRACT = ("contract",)  # a*b+c may become one fma, as nvcc does by default
 _REPLICATED = ("unrolled", "vectorized", "vthread")
 
 
@@ -437,43 +436,29 @@ class KernelEmitter:
         if e.op in ("and", "or"):
             a, b = self.as_bool(e.a), self.as_bool(e.b)
             return self.b.and_(a, b) if e.op == "and" else self.b.or_(a, b)
-        dt = dtypes.promote(e.a.dtype, e.b.dtype) if e.op in _CMP else e.dtype
+        dt = dtypes.promote(e.a.dtype, e.b.dtype) if e.op in llvm_arith.COMPARISONS else e.dtype
         work = "float32" if dt == "float16" else dt  # half arithmetic is done in float32, then rounded
         a, b = self.unify(
             self.convert(self.expr(e.a), e.a.dtype, work), self.convert(self.expr(e.b), e.b.dtype, work), work
         )
-        if e.op in _CMP:
+        if e.op in llvm_arith.COMPARISONS:
             return self.compare(e.op, a, b, work)
         if _is_float(work):
             return self.convert(self.float_arith(e.op, a, b), work, dt)
         return self.int_arith(e.op, a, b, dt)
 
     def compare(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
-        if _is_float(dt):  # numpy: comparisons with NaN are false, except !=
-            return self.b.fcmp_unordered("!=", a, b) if op == "ne" else self.b.fcmp_ordered(_CMP[op], a, b)
-        cmp = self.b.icmp_signed if _is_signed(dt) and dt != "bool" else self.b.icmp_unsigned
-        return cmp(_CMP[op], a, b)
+        return llvm_arith.compare(self.b, op, a, b, dt)
 
     def float_arith(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
-        bld = self.b
-        if op in ("add", "sub", "mul"):
-            return {"add": bld.fadd, "sub": bld.fsub, "mul": bld.fmul}[op](a, b, flags=_CONTRACT)
-        if op == "div":
-            return bld.fdiv(a, b)
-        if op == "floordiv":
-            return self.intrinsic("llvm.floor", bld.fdiv(a, b))
-        if op == "mod":  # numpy: the remainder takes the sign of the divisor
-            r = bld.frem(a, b)
-            zero = ir.Constant(a.type, 0.0)
-            fix = bld.and_(
-                bld.fcmp_ordered("!=", r, zero), bld.xor(bld.fcmp_ordered("<", r, zero), bld.fcmp_ordered("<", b, zero))
-            )
-            return bld.select(fix, bld.fadd(r, b), r)
-        if op in ("min", "max"):  # NaN-propagating, like numpy's minimum/maximum (min.NaN on sm_80+)
-            return self.intrinsic("llvm.minimum" if op == "min" else "llvm.maximum", a, b)
-        if op == "pow":
-            return self.libdevice("pow", a, b)
-        raise self.fail(f"unknown binary op {op!r}")
+        value = llvm_arith.float_binary(self.b, op, a, b, self._float_call)
+        if value is None:
+            raise self.fail(f"unknown binary op {op!r}")
+        return value
+
+    def _float_call(self, name: str, *args: ir.Value) -> ir.Value:
+        """LLVM's intrinsics (floor, minimum, maximum: NaN-propagating min.NaN on sm_80+), libdevice's pow."""
+        return self.intrinsic(name, *args) if name.startswith("llvm.") else self.libdevice(name, *args)
 
     def int_arith(self, op: str, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
         bld = self.b
@@ -499,41 +484,10 @@ class KernelEmitter:
         raise self.fail(f"unknown binary op {op!r} for {dt}")
 
     def int_division(self, is_mod: bool, a: ir.Value, b: ir.Value, cb: int | None, dt: str) -> ir.Value:
-        """Floor division / modulo (Python semantics); x // 0 and x % 0 give 0 and MIN // -1 wraps, like numpy."""
-        bld, zero = self.b, ir.Constant(a.type, 0)
-        if cb == 0:
-            return zero
-        if cb is not None and cb > 0 and cb & (cb - 1) == 0:  # a power of two: a shift and a mask are exact floors
-            if is_mod:
-                return bld.and_(a, ir.Constant(a.type, cb - 1))
-            shift = bld.ashr if _is_signed(dt) else bld.lshr
-            return shift(a, ir.Constant(a.type, cb.bit_length() - 1))
-        signed = _is_signed(dt)
-        if cb is None:  # divide by 1 instead of 0 or -1, then patch the result
-            by_zero = bld.icmp_unsigned("==", b, zero)
-            by_minus_one = bld.icmp_signed("==", b, ir.Constant(b.type, -1)) if signed else None
-            bad = bld.or_(by_zero, by_minus_one) if by_minus_one is not None else by_zero
-            b = bld.select(bad, ir.Constant(b.type, 1), b)
-        if not signed:
-            r = bld.urem(a, b) if is_mod else bld.udiv(a, b)
-        else:
-            q, r = bld.sdiv(a, b), bld.srem(a, b)
-            # truncated → floored: step down when the remainder is nonzero and its sign differs from the divisor's
-            adjust = bld.and_(bld.icmp_signed("!=", r, zero), bld.icmp_signed("<", bld.xor(r, b), zero))
-            r = bld.select(adjust, bld.add(r, b), r) if is_mod else bld.sub(q, bld.zext(adjust, a.type))
-        if cb is None:
-            if by_minus_one is not None and not is_mod:
-                r = bld.select(by_minus_one, bld.neg(r), r)
-            r = bld.select(by_zero, zero, r)
-        return r
+        return llvm_arith.int_division(self.b, is_mod, a, b, cb, dt)
 
     def shift(self, left: bool, a: ir.Value, b: ir.Value, dt: str) -> ir.Value:
-        """a << b or a >> b; a count outside [0, bits) shifts every bit out (te's definition; LLVM's is poison)."""
-        bld, bits = self.b, a.type.width
-        fits = bld.icmp_unsigned("<", b, ir.Constant(b.type, bits))
-        if not left and _is_signed(dt):
-            return bld.ashr(a, bld.select(fits, b, ir.Constant(b.type, bits - 1)))
-        return bld.select(fits, bld.shl(a, b) if left else bld.lshr(a, b), ir.Constant(a.type, 0))
+        return llvm_arith.shift(self.b, left, a, b, dt)
 
     def unary(self, e: Unary) -> ir.Value:
         op, dt = e.op, e.dtype
