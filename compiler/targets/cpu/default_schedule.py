@@ -235,8 +235,10 @@ def _tile_anchor(
     s = s.annotate(local, f"{vn}.1", "vectorize")
     if out in attach:
         return s.compute_at(out, *attach[out]), {local, out}
-    # parallel over the outer loops; with a depthwise input, its pixel loops only (each thread its own pixels)
-    s = _parallel(s, out, outer[:-1] if depthwise is None else outer[:-2], work=_work(s, local))
+    # parallel over the outer loops; with a depthwise input, its pixel loops only (each thread its own pixels); with
+    # one output row (a GEMV), its column chunks too: otherwise one thread streams the whole weight
+    parallel = outer[:-2] if depthwise is not None else outer if b is None else outer[:-1]
+    s = _parallel(s, out, parallel, work=_work(s, local))
     if depthwise is not None:
         attach[depthwise] = (out, _loop_holding(s.stage(out), outer[-3]))
     return s, {local, out}
