@@ -756,6 +756,11 @@ def _qlinear_add_ref(a, b):
     return [np.clip(np.rint(u), 0, 255).astype(np.uint8)]
 
 
+def _qlinear_mul_ref(a, b):
+    p = (a.astype(np.int32) - 3) * (b.astype(np.int32) - 200)
+    return [np.clip(np.rint(p.astype(np.float32) * np.float32(0.01) + np.float32(7)), 0, 255).astype(np.uint8)]
+
+
 def quantized_cases() -> list[Case]:
     """The quantized ops (compiler/tensor/ops/quantized.py), exact; Requantize (tilefarm's own) against numpy."""
     x, u8, s8 = f32(2, 3, 4) * 20, ints(2, 5, 6, dtype="uint8", lo=0, hi=256), ints(6, 4, dtype="int8", lo=-128, hi=128)
@@ -776,6 +781,8 @@ def quantized_cases() -> list[Case]:
              reference=_requantize_ref),
         Case("QLinearAdd", [u8, ints(2, 5, 6, dtype="uint8", lo=0, hi=256)],
              {"ratios": (float(np.float32(0.3)), float(np.float32(0.7))), "fixed": 3.25}, reference=_qlinear_add_ref),
+        Case("QLinearMul", [u8, ints(2, 5, 6, dtype="uint8", lo=0, hi=256)],
+             {"ratio": float(np.float32(0.01)), "zero_points": (3, 200, 7)}, reference=_qlinear_mul_ref),
     ]  # fmt: skip
 
 

@@ -214,18 +214,19 @@ def test_bad_quantization_parameters_are_named():
 
 
 def test_contrib_quantized_ops_are_reported_by_name():
-    # com.microsoft ops tilefarm does not compile (QLinearMul, QAttention, ...) are named with their domain, all at once
+    # com.microsoft ops tilefarm does not compile (QAttention, QLinearReduceMean, ...) are named with their domain,
+    # all at once
     nodes = [helper.make_node(op, ["x", "s", "z", "x", "s", "z", "s", "z"], [f"{op}_y"], domain="com.microsoft")
-             for op in ("QLinearMul", "QLinearReduceMean")]  # fmt: skip
+             for op in ("QLinearSoftmax", "QLinearReduceMean")]  # fmt: skip
     graph = helper.make_graph(
-        nodes + [helper.make_node("Add", ["QLinearMul_y", "QLinearReduceMean_y"], ["y"])],
+        nodes + [helper.make_node("Add", ["QLinearSoftmax_y", "QLinearReduceMean_y"], ["y"])],
         "contrib",
         [helper.make_tensor_value_info("x", TensorProto.UINT8, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [2, 3])],
         [numpy_helper.from_array(f32(0.1), "s"), numpy_helper.from_array(np.array(3, np.uint8), "z")],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    with pytest.raises(UnsupportedOp, match="com.microsoft.QLinearMul.*com.microsoft.QLinearReduceMean"):
+    with pytest.raises(UnsupportedOp, match="com.microsoft.QLinearSoftmax.*com.microsoft.QLinearReduceMean"):
         load(helper.make_model(graph, opset_imports=opsets, ir_version=9))
 
 
@@ -425,19 +426,21 @@ def test_unknown_contrib_op_is_refused_by_op_and_domain():
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
-def test_contrib_qlinear_add_rounds_as_onnxruntime(dtype):
-    # onnxruntime's kernel adds the output zero point before rounding, through two fused multiply-adds: bit for bit
-    # on many scale / zero point draws, every input value, both saturation bounds
+@pytest.mark.parametrize("op, b_shape", [("QLinearAdd", (4, 300)), ("QLinearMul", (4, 300)), ("QLinearMul", (1,))])
+def test_contrib_qlinear_add_and_mul_round_as_onnxruntime(dtype, op, b_shape):
+    # onnxruntime's kernels add the output zero point before rounding (QLinearAdd through two fused multiply-adds,
+    # QLinearMul a float32 multiply and add): bit for bit on many scale / zero point draws, both saturation bounds
     lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
     elem = ELEM[np.dtype(dtype)]
     for _ in range(12):
-        a, b = (RNG.integers(lo, hi, (4, 300)).astype(dtype) for _ in range(2))
-        consts = {k: f32(RNG.random() * 0.1 + 1e-3)[0] if k.endswith("s") else np.array(RNG.integers(lo, hi), dtype)
-                  for k in ("as", "az", "bs", "bz", "cs", "cz")}  # fmt: skip
+        a, b = RNG.integers(lo, hi, (4, 300)).astype(dtype), RNG.integers(lo, hi, b_shape).astype(dtype)
+        c_scale = 1e-3 if op == "QLinearAdd" else 1e-4  # products of two scales are small
+        consts = {k: f32(RNG.random() * (0.1 if k != "cs" else c_scale * 100) + c_scale)[0] if k.endswith("s")
+                  else np.array(RNG.integers(lo, hi), dtype) for k in ("as", "az", "bs", "bz", "cs", "cz")}  # fmt: skip
         names = ["a", "as", "az", "b", "bs", "bz", "cs", "cz"]
         graph = helper.make_graph(
-            [helper.make_node("QLinearAdd", names, ["y"], domain="com.microsoft")], "add",
-            [helper.make_tensor_value_info(n, elem, [4, 300]) for n in "ab"],
+            [helper.make_node(op, names, ["y"], domain="com.microsoft")], "binary",
+            [helper.make_tensor_value_info("a", elem, [4, 300]), helper.make_tensor_value_info("b", elem, b_shape)],
             [helper.make_tensor_value_info("y", elem, [4, 300])],
             [numpy_helper.from_array(v, k) for k, v in consts.items()],
         )  # fmt: skip

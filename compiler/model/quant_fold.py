@@ -8,16 +8,17 @@ The rewrites (x_q, w_q the quantized tensors the DequantizeLinears read; s, z th
     DQ(x_q) → Gemm(·, DQ(w_q), bias?)       → Q             ⇒  MatMulInteger(x_q, w_q (K x N)) → Requantize(bias)
     DQ(x_q) → GlobalAveragePool             → Q             ⇒  Cast(int32) → ReduceSum → Requantize(s_x / (s_y·HW),
                                                                                                        -z_x·HW)
-    DQ(a_q), DQ(b_q) → Add                 → Q             ⇒  QLinearAdd(a_q, b_q) (onnxruntime's kernel's rounding)
+    DQ(a_q), DQ(b_q) → Add / Mul           → Q             ⇒  QLinearAdd / QLinearMul(a_q, b_q) (onnxruntime's
+                                                                                                kernels' rounding)
     DQ(x_q) → MaxPool / Flatten / Reshape / Transpose / Squeeze / Unsqueeze → Q of the same s, z  ⇒  the op on x_q
 
 with m = s_x · s_w / s_y in float32 (per output channel / column where w is quantized per axis) and the int32 bias
 as the model stores it (its scale is s_x · s_w); a float Gemm bias is quantized with that scale. These are the
 integer ops onnxruntime's QDQ transformer runs (QLinearConv, QLinearMatMul, QGemm, QLinearGlobalAveragePool,
-QLinearAdd, the dropped Q/DQ pairs), in its rounding order (tilefarm's Requantize), so where onnxruntime fuses a chain
-the result is the same to the bit. A chain whose scales or zero points are run-time values, whose float result is
-read by anything but its QuantizeLinear (or is a graph output), or whose weight is not a constant is left in float,
-which computes the same quantities with float accumulation.
+QLinearAdd, QLinearMul, the dropped Q/DQ pairs), in its rounding order (tilefarm's Requantize), so where onnxruntime
+fuses a chain the result is the same to the bit. A chain whose scales or zero points are run-time values, whose
+float result is read by anything but its QuantizeLinear (or is a graph output), or whose weight is not a constant is
+left in float, which computes the same quantities with float accumulation.
 
 onnxruntime itself leaves a chain in float where its x86 build does not take int8 activations (quantize_static's
 default QInt8 activations: ResNet-18's convs after a residual Add, 11 of 20, and the Adds); those fold here too, so an
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.model.graph import Graph, Node, TensorType, Value, toposort
-from compiler.model.onnx_import.quantized import qlinear_add_attrs
+from compiler.model.onnx_import.quantized import qlinear_add_attrs, qlinear_mul_attrs
 from compiler.model.passes import remove_unused
 
 # ops that only move or select elements: on quantized data with unchanged scale and zero point they commute with
@@ -199,14 +200,19 @@ def _global_average_pool(f: _Folder, n: Node) -> list[Node] | None:
     ]  # fmt: skip
 
 
-def _add(f: _Folder, n: Node) -> list[Node] | None:
-    """onnxruntime's QLinearAdd (its QDQ transformer's fusion of DQ, DQ → Add → Q) of same-shape tensors."""
+def _binary(f: _Folder, n: Node) -> list[Node] | None:
+    """onnxruntime's QLinearAdd / QLinearMul (its QDQ transformer's fusion of DQ, DQ → Add / Mul → Q) of tensors of
+    one shape (a Mul also by one value)."""
     a, b, y = _activation(f, n.inputs[0]), _activation(f, n.inputs[1]), f.quantized(n.outputs[0])
-    if a is None or b is None or y is None or a.q.shape != b.q.shape or not a.q.dtype == b.q.dtype == y[1].q.dtype:
+    if a is None or b is None or y is None or not a.q.dtype == b.q.dtype == y[1].q.dtype:
+        return None
+    if n.op == "Mul" and a.q.shape != b.q.shape and int(np.prod(a.q.shape)) == 1:
+        a, b = b, a
+    if a.q.shape != b.q.shape and (n.op == "Add" or int(np.prod(b.q.shape)) != 1 or a.q.shape != n.outputs[0].shape):
         return None
     one = [p.reshape(()) for p in (a.scale, a.zero, b.scale, b.zero, y[1].scale, y[1].zero)]
-    attrs = qlinear_add_attrs(*one)
-    return [Node("QLinearAdd", (a.q, b.q), y[0].outputs, attrs, n.name)]
+    attrs = qlinear_add_attrs(*one) if n.op == "Add" else qlinear_mul_attrs(*one)
+    return [Node(f"QLinear{n.op}", (a.q, b.q), y[0].outputs, attrs, n.name)]
 
 
 def _mover(f: _Folder, n: Node) -> list[Node] | None:
@@ -221,7 +227,8 @@ FOLDS: dict[str, Callable[[_Folder, Node], list[Node] | None]] = {
     "MatMul": _matmul,
     "Gemm": _matmul,
     "GlobalAveragePool": _global_average_pool,
-    "Add": _add,
+    "Add": _binary,
+    "Mul": _binary,
     **dict.fromkeys(_MOVERS, _mover),
 }
 

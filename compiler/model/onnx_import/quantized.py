@@ -363,7 +363,36 @@ def QLinearAdd(ctx: _Ctx) -> list[Node]:
     return [ctx.node("QLinearAdd", [a, b], qlinear_add_attrs(*params))]
 
 
+def qlinear_mul_attrs(a_scale, a_zp, b_scale, b_zp, c_scale, c_zp) -> dict:
+    """The constants of onnxruntime's QLinearMul kernel (tensor op QLinearMul): ratio a_scale * b_scale / c_scale in
+    float32, and the three zero points."""
+    f32 = np.float32
+    return {
+        "ratio": float(f32(a_scale) * f32(b_scale) / f32(c_scale)),
+        "zero_points": (int(a_zp), int(b_zp), int(c_zp)),
+    }
+
+
+def QLinearMul(ctx: _Ctx) -> list[Node]:
+    a, b, y = ctx.inputs[0], ctx.inputs[3], ctx.outputs[0]
+    if a.dtype not in QUANTIZED_DTYPES or b.dtype != a.dtype or y.dtype != a.dtype:
+        raise InvalidModel(f"QLinearMul node {ctx.name!r}: A, B and C must be one of int8, uint8 alike")
+    if a.shape != b.shape and int(np.prod(a.shape)) == 1:
+        a, b = b, a  # a product commutes: the one-element operand goes second
+        slots = ((4, "B_scale"), (5, "B_zero_point"), (1, "A_scale"), (2, "A_zero_point"))
+    else:
+        slots = ((1, "A_scale"), (2, "A_zero_point"), (4, "B_scale"), (5, "B_zero_point"))
+    if a.shape != b.shape and int(np.prod(b.shape)) != 1:
+        raise _CannotConvert(
+            f"QLinearMul node {ctx.name!r}: A {list(a.shape)} and B {list(b.shape)} differ in shape; tilefarm "
+            "multiplies quantized tensors of one shape, or by one value"
+        )
+    params = [_scalar(ctx, i, what) for i, what in (*slots, (6, "C_scale"), (7, "C_zero_point"))]
+    return [ctx.node("QLinearMul", [a, b], qlinear_mul_attrs(*params))]
+
+
 CONTRIB: dict[str, Callable[[_Ctx], list[Node]]] = {
+    "QLinearMul": QLinearMul,
     "QLinearAdd": QLinearAdd,
     "QLinearGlobalAveragePool": QLinearGlobalAveragePool,
     "QLinearLeakyRelu": _unary_lookup(_leaky),
@@ -387,7 +416,7 @@ def contrib_types(op: str, attrs: dict, typed: list) -> list[tuple[int, tuple[in
     elem, shape = typed[0]
     if op in ("QLinearLeakyRelu", "QLinearSigmoid"):
         return [(elem, shape)]
-    if op == "QLinearAdd" and len(typed) > 3 and typed[3] is not None:
+    if op in ("QLinearAdd", "QLinearMul") and len(typed) > 3 and typed[3] is not None:
         return [(elem, tuple(np.broadcast_shapes(tuple(shape), tuple(typed[3][1]))))]
     if op == "QLinearGlobalAveragePool":
         last = attrs.get("channels_last", 0)

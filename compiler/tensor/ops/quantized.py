@@ -11,6 +11,7 @@ A scale or zero point is a scalar (or one element) for the whole tensor, or 1-D 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from compiler.base.errors import InvalidExpr
@@ -177,6 +178,27 @@ def qlinear_add(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [te.compute(a.shape, body, name=name, tag="elemwise")]
 
 
+def qlinear_mul(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """onnxruntime's QLinearMul (MLAS SSE2 kernel) of int8 / uint8 a and b of one shape (or b one element):
+    saturate(round_half_even(float32((a - a_zp) * (b - b_zp)) * ratio + c_zp)), `ratio` the float32
+    a_scale * b_scale / c_scale, `zero_points` (a_zp, b_zp, c_zp); a float32 multiply, then a float32 add."""
+    op = "QLinearMul"
+    a, b = _input(op, ins, 0, "A"), _input(op, ins, 1, "B")
+    _dtype_in(op, a, QUANTIZED)
+    _dtype_in(op, b, (a.dtype,))
+    if a.shape != b.shape and math.prod(b.shape) != 1:
+        raise InvalidExpr(f"{op}: B {_dims(b)} must have A's shape {_dims(a)} or be one element")
+    za, zb = (te.const(int(z), "int32") for z in attrs["zero_points"][:2])
+    ratio, zcf = te.const(float(attrs["ratio"]), "float32"), te.const(float(attrs["zero_points"][2]), "float32")
+
+    def body(*i):
+        bi = i if a.shape == b.shape else (0,) * b.ndim
+        p = (te.cast("int32", a[i]) - za) * (te.cast("int32", b[bi]) - zb)
+        return _saturate(round_half_even(te.cast("float32", p) * ratio + zcf), a.dtype)
+
+    return [te.compute(a.shape, body, name=name, tag="elemwise")]
+
+
 QUANTIZED_OPS = {
     "QuantizeLinear": quantize_linear,
     "DequantizeLinear": dequantize_linear,
@@ -184,4 +206,5 @@ QUANTIZED_OPS = {
     "ConvInteger": conv_integer,
     "Requantize": requantize,
     "QLinearAdd": qlinear_add,
+    "QLinearMul": qlinear_mul,
 }
