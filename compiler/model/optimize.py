@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from compiler.base.errors import UnknownPass
 from compiler.model.graph import Graph, subgraphs
+from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls
 from compiler.model.layout import propagate_nchwc
 from compiler.model.passes import (
     block_conv_weights,
@@ -27,6 +28,8 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("remove_unused", remove_unused),
     ("remove_identity", remove_identity),
     ("fold_qdq", fold_qdq),
+    ("pack_integer_matmuls", pack_integer_matmuls),
+    ("pack_integer_convs", pack_integer_convs),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
     ("pack_matmul_weights", pack_matmul_weights),
@@ -40,6 +43,8 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # the passes a user may turn off (`--disable-pass`): the graph runs without them, only slower (or, without
 # winograd_convs, with the direct conv's rounding); the others turn ops into the forms the kernels exist for
 OPTIONAL_PASSES = (
+    "pack_integer_matmuls",
+    "pack_integer_convs",
     "pack_matmul_weights",
     "winograd_convs",
     "block_conv_weights",

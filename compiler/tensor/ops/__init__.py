@@ -17,6 +17,7 @@ from collections.abc import Callable
 from compiler.tensor import te
 from compiler.tensor.ops.elementwise import ELEMENTWISE_OPS, ONNX_DTYPES, onnx_dtype
 from compiler.tensor.ops.indexing import INDEXING_OPS
+from compiler.tensor.ops.int8_matmul import INT8_OPS
 from compiler.tensor.ops.kernels import KERNELS, KernelCase, reference_conv2d
 from compiler.tensor.ops.linalg import LINALG_OPS, batch_matmul, dense, matmul
 from compiler.tensor.ops.nn import (
@@ -42,6 +43,7 @@ Builder = Callable[[list[te.Tensor | None], dict, str], list[te.Tensor]]
 OPS: dict[str, Builder] = {
     **ELEMENTWISE_OPS,
     **INDEXING_OPS,
+    **INT8_OPS,
     **LINALG_OPS,
     **NN_OPS,
     **NORM_OPS,

@@ -17,50 +17,26 @@ activation is shifted to u8 by +128 (its zero point with it); a u8 weight is shi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from compiler.base.errors import InvalidExpr
+from compiler.model.int8_layout import COLUMNS, DOT, PackedInt8Weight, pack_int8_conv_weight, pack_int8_weight
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _dims, _dtype_in, _input
+from compiler.tensor.ops.nn import nchwc_to_nchw
 
-DOT = 4  # k per int32 lane of the dot product
-COLUMNS = 16  # the packed weight's columns come in multiples of this: the int32 lanes of one 512-bit vector
+__all__ = [
+    "COLUMNS",
+    "DOT",
+    "INT8_OPS",
+    "PackedInt8Weight",
+    "int8_conv2d_nchwc",
+    "int8_matmul",
+    "pack_int8_conv_weight",
+    "pack_int8_weight",
+    "packed_conv_integer",
+    "packed_matmul_integer",
+]
 Ins = Sequence[te.Tensor | None]
-
-
-@dataclass(frozen=True)
-class PackedInt8Weight:
-    """A K x N weight packed for the 4-wide dot product, with the per-column terms its zero points fold into."""
-
-    packed: np.ndarray  # int8, ceil(K/4) x N' x 4 (N' = N rounded up to COLUMNS); k past K and n past N are 0
-    w_sum: np.ndarray  # int32 [N]: sum_k of the (shifted) s8 weight
-    w_zero: np.ndarray | None  # int32 [N]: the s8 weight's zero point per column, None when all are 0
-    col: np.ndarray  # int32 [N]: the constant terms, -za * Sw[n] + K * za * zw[n] for a constant za (else 0)
-
-
-def pack_int8_weight(w: np.ndarray, w_zero=0, a_zero: int | None = 0, a_dtype: str = "uint8") -> PackedInt8Weight:
-    """Pack a K x N int8 or uint8 weight (zero point `w_zero`: one value or one per column) for `int8_matmul`.
-    `a_zero` is the activation's constant zero point (None: given at run time to `int8_matmul`), `a_dtype` the
-    activation's dtype (an int8 activation is shifted by +128, and so is its zero point)."""
-    if w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
-        raise InvalidExpr(f"pack_int8_weight: w must be a 2-D int8 or uint8 array, got {w.dtype} {list(w.shape)}")
-    K, N = w.shape
-    w32 = w.astype(np.int32)
-    zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (N,)).astype(np.int32)
-    if w.dtype == np.uint8:  # w - zw == (w - 128) - (zw - 128)
-        w32, zw = w32 - 128, zw - 128
-    k4, n_pad = -(-K // DOT), -(-N // COLUMNS) * COLUMNS
-    packed = np.zeros((k4 * DOT, n_pad), np.int8)
-    packed[:K, :N] = w32
-    packed = np.ascontiguousarray(packed.reshape(k4, DOT, n_pad).transpose(0, 2, 1))
-    w_sum = w32.sum(axis=0, dtype=np.int64).astype(np.int32)
-    col = np.zeros(N, np.int32)
-    if a_zero is not None:
-        za = int(a_zero) + (128 if a_dtype == "int8" else 0)
-        col = (-za * w_sum.astype(np.int64) + K * za * zw.astype(np.int64)).astype(np.int32)
-    return PackedInt8Weight(packed, w_sum, zw if zw.any() else None, col)
 
 
 def dot4(a: te.Tensor, w: te.Tensor, row: tuple, n: te.Expr, ko: te.Expr | int, count: int = DOT) -> te.Expr:
@@ -159,20 +135,6 @@ def packed_matmul_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     return [int8_matmul(a, w, col, a_zero, w_sum, w_zero, attrs.get("n"), name)]
 
 
-def pack_int8_conv_weight(w: np.ndarray, a_zero: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A conv weight F x C x KH x KW (int8) packed for `int8_conv2d_nchwc` as F'/16 x C'/4 x KH x KW x 16 x 4 (F', C'
-    rounded up, zeros past F and C), and its per-channel term -a_zero * sum of the filter (F' values)."""
-    if w.ndim != 4 or w.dtype != np.int8:
-        raise InvalidExpr(f"pack_int8_conv_weight: w must be a 4-D int8 array, got {w.dtype} {list(w.shape)}")
-    F, C, KH, KW = w.shape
-    fb, cb = -(-F // COLUMNS), -(-C // DOT)
-    full = np.zeros((fb * COLUMNS, cb * DOT, KH, KW), np.int8)
-    full[:F, :C] = w
-    packed = full.reshape(fb, COLUMNS, cb, DOT, KH, KW).transpose(0, 2, 4, 5, 1, 3)
-    col = -int(a_zero) * full.astype(np.int64).sum(axis=(1, 2, 3))
-    return np.ascontiguousarray(packed), col.astype(np.int32)
-
-
 def int8_conv2d_nchwc(
     data: te.Tensor,
     w: te.Tensor,
@@ -181,10 +143,12 @@ def int8_conv2d_nchwc(
     padding: int = 0,
     a_zero: int = 0,
     name: str = "int8_conv",
+    w_zero: te.Tensor | None = None,
 ) -> te.Tensor:
     """ConvInteger in the dot-product form: u8 data N x C'/4 x H x W x 4 (NCHW4c) with the constant zero point
     `a_zero` (the padding value, so that padded taps add nothing after the correction), an s8 weight packed by
-    `pack_int8_conv_weight`, and `col` (its per-channel term); int32 N x F'/16 x OH x OW x 16 (NCHW16c)."""
+    `pack_int8_conv_weight`, and `col` (its per-channel term); int32 N x F'/16 x OH x OW x 16 (NCHW16c). A weight
+    zero point `w_zero` (F' int32 values) is subtracted times the sum of each window's data (its K term is in `col`)."""
     op = "int8_conv2d_nchwc"
     _dtype_in(op, data, ("uint8",))
     _dtype_in(op, w, ("int8",))
@@ -217,8 +181,82 @@ def int8_conv2d_nchwc(
         return te.sum(out, axis=(ko, ky, kx))
 
     dot = te.compute((N, FB, OH, OW, COLUMNS), body, f"{name}_dot", "int8_dot")
-    if col is None:
+    if col is None and w_zero is None:
         return dot
-    return te.compute(
-        dot.shape, lambda n, fo, y, x, fi: dot[n, fo, y, x, fi] + col[fo * COLUMNS + fi], name, "elemwise"
-    )
+    window = None
+    if w_zero is not None:
+        rc, ry, rx, rj = (
+            te.reduce_axis(C4, "rc"),
+            te.reduce_axis(KH, "ry"),
+            te.reduce_axis(KW, "rx"),
+            te.reduce_axis(DOT, "rj"),
+        )
+        window = te.compute(
+            (N, OH, OW),
+            lambda n, y, x: te.sum(
+                te.cast("int32", src[n, rc, y * stride + ry, x * stride + rx, rj]), axis=(rc, ry, rx, rj)
+            ),
+            f"{name}_wsum",
+        )
+
+    def epilogue(n, fo, y, x, fi):
+        v = dot[n, fo, y, x, fi]
+        if col is not None:
+            v = v + col[fo * COLUMNS + fi]
+        if window is not None and w_zero is not None:
+            v = v - w_zero[fo * COLUMNS + fi] * window[n, y, x]
+        return v
+
+    return te.compute(dot.shape, epilogue, name, "elemwise")
+
+
+def to_nchw4c(x: te.Tensor, blocks: int, a_zero: int, name: str) -> te.Tensor:
+    """u8 data N x blocks x H x W x 4 (NCHW4c) from NCHW u8 / s8 data (an s8 value shifted by +128; channels past C
+    read the zero point `a_zero`, which the weight's zero channels multiply away) or from NCHW16c u8 data."""
+    if x.ndim == 5:  # NCHW16c: four channel blocks of 4 in each block of 16
+        _dtype_in("PackedConvInteger", x, ("uint8",))
+        if x.shape[1] * x.shape[4] != blocks * DOT:
+            raise InvalidExpr(f"PackedConvInteger: data {_dims(x)} has not the {blocks * DOT} channels of its weight")
+        per = x.shape[4] // DOT
+        return te.compute(
+            (x.shape[0], blocks, *x.shape[2:4], DOT),
+            lambda n, c, y, w, j: x[n, c // per, y, w, (c % per) * DOT + j],
+            f"{name}_nchw4c",
+            "injective",
+        )
+    _dtype_in("PackedConvInteger", x, ("uint8", "int8"))
+    N, C, H, W = x.shape
+    if not (blocks - 1) * DOT < C <= blocks * DOT:
+        raise InvalidExpr(f"PackedConvInteger: data {_dims(x)} has not the {blocks * DOT} channels of its weight")
+
+    def body(n, c, y, w, j):
+        ch = c * DOT + j
+        v = x[n, te.minimum(ch, te.const(C - 1, ch.dtype)) if C % DOT else ch, y, w]
+        if x.dtype == "int8":
+            v = te.cast("uint8", te.cast("int32", v) + 128)
+        return te.select(ch < C, v, te.const(a_zero, "uint8")) if C % DOT else v
+
+    return te.compute((N, blocks, H, W, DOT), body, f"{name}_nchw4c", "injective")
+
+
+def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
+    """tilefarm's PackedConvInteger: ConvInteger by `int8_conv2d_nchwc` of data NCHW (u8 / s8) or NCHW16c (u8,
+    `data_layout`), the weight packed by `pack_int8_conv_weight`, its per-channel term `col`, the weight's zero
+    point per output channel (optional); attributes stride,
+    padding, a_zero (the u8 data's zero point), channels (F); the int32 result NCHW, or NCHW16c (`out_layout`)."""
+    op = "PackedConvInteger"
+    x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
+    col, w_zero = (ins[i] if len(ins) > i else None for i in (2, 3))
+    if w.ndim != 6:
+        raise InvalidExpr(f"{op}: w {_dims(w)} must be F/16 x C/4 x KH x KW x 16 x 4")
+    if (x.ndim == 5) != (attrs.get("data_layout") == "NCHWc"):
+        raise InvalidExpr(f"{op}: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}")
+    data = to_nchw4c(x, w.shape[1], attrs["a_zero"], name)
+    stride, padding, a_zero = attrs["stride"], attrs["padding"], attrs["a_zero"]
+    out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_nchwc", w_zero)
+    if attrs.get("out_layout") == "NCHWc":
+        return [out]
+    return [nchwc_to_nchw(out, name, attrs["channels"])]
+
+
+INT8_OPS = {"PackedMatMulInteger": packed_matmul_integer, "PackedConvInteger": packed_conv_integer}

@@ -1,0 +1,175 @@
+"""Integer products in the forms the dot-product kernels compute (compiler/tensor/ops/int8_matmul.py): weights packed
+at compile time for the 4-wide u8 x s8 dot product (`vpdpbusd`), zero points folded into per-column terms.
+
+- `pack_integer_matmuls`: a MatMulInteger with a constant 2-D weight (what fold_qdq makes of a QDQ MatMul or Gemm,
+  and the import of QLinearMatMul) becomes a PackedMatMulInteger(A, W, col, a_zero, w_sum, w_zero) with the weight
+  ceil(K/4) x N' x 4 (`pack_int8_weight`);
+- `pack_integer_convs`: a 2-D ConvInteger (one group, dilation 1, equal strides and pads, a constant zero point for
+  the data) becomes a PackedConvInteger(X, W, col, w_zero), the weight F'/16 x C'/4 x KH x KW x 16 x 4
+  (`pack_int8_conv_weight`); a weight zero point is subtracted times each window's data sum. Its kernel reads
+  NCHW4c u8 data and accumulates NCHW16c int32; the node takes NCHW data and gives NCHW, the two moves being stages
+  of its own task, so each is placed once, at the conv.
+
+Anything the kernels cannot compute exactly (a non-constant weight, grouped, dilated or unevenly padded convs, a
+run-time zero point of a conv's data) is left to the generic integer ops, which compute the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from compiler.base.errors import InvalidExpr
+from compiler.model.graph import Graph, Node, TensorType, Value
+
+DOT = 4  # k per int32 lane of the dot product
+COLUMNS = 16  # the packed weight's columns come in multiples of this: the int32 lanes of one 512-bit vector
+_QUANTIZED = ("uint8", "int8")
+
+
+@dataclass(frozen=True)
+class PackedInt8Weight:
+    """A K x N weight packed for the 4-wide dot product, with the per-column terms its zero points fold into."""
+
+    packed: np.ndarray  # int8, ceil(K/4) x N' x 4 (N' = N rounded up to COLUMNS); k past K and n past N are 0
+    w_sum: np.ndarray  # int32 [N]: sum_k of the (shifted) s8 weight
+    w_zero: np.ndarray | None  # int32 [N]: the s8 weight's zero point per column, None when all are 0
+    col: np.ndarray  # int32 [N]: the constant terms, -za * Sw[n] + K * za * zw[n] for a constant za (else 0)
+
+
+def pack_int8_weight(w: np.ndarray, w_zero=0, a_zero: int | None = 0, a_dtype: str = "uint8") -> PackedInt8Weight:
+    """Pack a K x N int8 or uint8 weight (zero point `w_zero`: one value or one per column) for `int8_matmul`.
+    `a_zero` is the activation's constant zero point (None: given at run time to `int8_matmul`), `a_dtype` the
+    activation's dtype (an int8 activation is shifted by +128, and so is its zero point)."""
+    if w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
+        raise InvalidExpr(f"pack_int8_weight: w must be a 2-D int8 or uint8 array, got {w.dtype} {list(w.shape)}")
+    K, N = w.shape
+    w32 = w.astype(np.int32)
+    zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (N,)).astype(np.int32)
+    if w.dtype == np.uint8:  # w - zw == (w - 128) - (zw - 128)
+        w32, zw = w32 - 128, zw - 128
+    k4, n_pad = -(-K // DOT), -(-N // COLUMNS) * COLUMNS
+    packed = np.zeros((k4 * DOT, n_pad), np.int8)
+    packed[:K, :N] = w32
+    packed = np.ascontiguousarray(packed.reshape(k4, DOT, n_pad).transpose(0, 2, 1))
+    w_sum = w32.sum(axis=0, dtype=np.int64).astype(np.int32)
+    col = np.zeros(N, np.int32)
+    if a_zero is not None:
+        za = int(a_zero) + (128 if a_dtype == "int8" else 0)
+        col = (-za * w_sum.astype(np.int64) + K * za * zw.astype(np.int64)).astype(np.int32)
+    return PackedInt8Weight(packed, w_sum, zw if zw.any() else None, col)
+
+
+def pack_int8_conv_weight(w: np.ndarray, a_zero: int = 0, w_zero=0) -> tuple[np.ndarray, np.ndarray]:
+    """A conv weight F x C x KH x KW (int8) packed for `int8_conv2d_nchwc` as F'/16 x C'/4 x KH x KW x 16 x 4 (F', C'
+    rounded up, zeros past F and C), and its per-channel term -a_zero * sum of the filter + K * a_zero * w_zero[f]
+    (F' values; K = C' x KH x KW, the taps the data's row sums count, padded channels reading a_zero)."""
+    if w.ndim != 4 or w.dtype != np.int8:
+        raise InvalidExpr(f"pack_int8_conv_weight: w must be a 4-D int8 array, got {w.dtype} {list(w.shape)}")
+    F, C, KH, KW = w.shape
+    fb, cb = -(-F // COLUMNS), -(-C // DOT)
+    full = np.zeros((fb * COLUMNS, cb * DOT, KH, KW), np.int8)
+    full[:F, :C] = w
+    packed = full.reshape(fb, COLUMNS, cb, DOT, KH, KW).transpose(0, 2, 4, 5, 1, 3)
+    zw = np.zeros(fb * COLUMNS, np.int64)
+    zw[:F] = np.broadcast_to(np.asarray(w_zero, np.int64).reshape(-1), (F,))
+    col = -int(a_zero) * full.astype(np.int64).sum(axis=(1, 2, 3)) + cb * DOT * KH * KW * int(a_zero) * zw
+    return np.ascontiguousarray(packed), col.astype(np.int32)
+
+
+def _const(name: str, a: np.ndarray) -> Value:
+    return Value(name, TensorType(a.shape, str(a.dtype)), a)
+
+
+def _one_value(v: Value | None) -> int | None:
+    """The integer a constant one-element zero point holds (0 when omitted), None when it is not one."""
+    if v is None:
+        return 0
+    if v.const is None or v.const.size != 1:
+        return None
+    return int(v.const.reshape(()))
+
+
+def _packed_matmul(n: Node) -> Node | None:
+    a, w = n.inputs[0], n.inputs[1]
+    a_zp, w_zp = (n.inputs[i] if len(n.inputs) > i else None for i in (2, 3))
+    if a is None or w is None or w.const is None or len(w.shape) != 2 or len(a.shape) < 2:
+        return None
+    if a.dtype not in _QUANTIZED or w.dtype not in _QUANTIZED or (w_zp is not None and w_zp.const is None):
+        return None
+    K, N = w.shape
+    M = a.shape[-2]
+    za = _one_value(a_zp)
+    if za is None and a_zp is not None and a_zp.shape not in ((), (1,), (M,)):
+        return None  # MatMulInteger's import checks this; a per-row zero point of another length is not one
+    zw = np.zeros(N, np.int32) if w_zp is None else w_zp.const.astype(np.int32).reshape(-1)
+    if zw.size not in (1, N):
+        return None
+    p = pack_int8_weight(w.const, zw, za, a.dtype)
+    name = w.name
+    run_time_zero = za is None  # a graph value, or a constant per-row one: an input the epilogue multiplies by Sw
+    inputs = [
+        a,
+        _const(f"{name}_dot4", p.packed),
+        _const(f"{name}_col", p.col) if p.col.any() else None,
+        a_zp if run_time_zero else None,
+        _const(f"{name}_wsum", p.w_sum) if run_time_zero else None,
+        _const(f"{name}_wzero", p.w_zero) if p.w_zero is not None else None,
+    ]
+    while inputs[-1] is None:
+        inputs.pop()
+    return replace(n, op="PackedMatMulInteger", inputs=tuple(inputs), attrs={"n": N})
+
+
+def pack_integer_matmuls(g: Graph) -> Graph:
+    """Every MatMulInteger with a constant 2-D weight as a PackedMatMulInteger (see the module docstring)."""
+    nodes = [(_packed_matmul(n) if n.op == "MatMulInteger" else None) or n for n in g.nodes]
+    return Graph(g.inputs, g.outputs, nodes, g.name)
+
+
+def _conv_geometry(n: Node) -> tuple[int, int] | None:
+    """(stride, padding) of a 2-D ConvInteger the NCHWc kernel computes: one group, dilation 1, the same stride on
+    both axes and the same padding on all four sides."""
+    a = n.attrs
+    strides, pads = tuple(a.get("strides") or (1, 1)), tuple(a.get("pads") or (0, 0, 0, 0))
+    if a.get("group", 1) != 1 or tuple(a.get("dilations") or (1, 1)) != (1, 1):
+        return None
+    if len(strides) != 2 or strides[0] != strides[1] or len(pads) != 4 or len(set(pads)) != 1:
+        return None
+    return strides[0], pads[0]
+
+
+def _packed_conv(n: Node) -> Node | None:
+    x, w = n.inputs[0], n.inputs[1]
+    x_zp, w_zp = (n.inputs[i] if len(n.inputs) > i else None for i in (2, 3))
+    if x is None or w is None or w.const is None or len(x.shape) != 4 or len(w.shape) != 4:
+        return None
+    geometry, za = _conv_geometry(n), _one_value(x_zp)
+    if geometry is None or za is None or x.dtype not in _QUANTIZED or w.dtype not in _QUANTIZED:
+        return None
+    zw = np.zeros(1, np.int32) if w_zp is None else w_zp.const
+    if zw is None:
+        return None
+    weight = w.const.astype(np.int32)
+    zw = zw.astype(np.int32).reshape(-1)
+    if w.dtype == "uint8":  # w - zw == (w - 128) - (zw - 128)
+        weight, zw = weight - 128, zw - 128
+    if zw.size not in (1, w.shape[0]):
+        return None
+    za_u8 = za + (128 if x.dtype == "int8" else 0)  # the kernel's data is u8: an s8 input is shifted with its zero
+    packed, col = pack_int8_conv_weight(weight.astype(np.int8), za_u8, zw)
+    stride, padding = geometry
+    attrs = {"stride": stride, "padding": padding, "a_zero": za_u8, "channels": w.shape[0]}
+    inputs: tuple[Value, ...] = (x, _const(f"{w.name}_dot4", packed), _const(f"{w.name}_col", col))
+    if zw.any():  # subtracted times each window's data sum (a stage of its own)
+        full = np.zeros(packed.shape[0] * COLUMNS, np.int32)
+        full[: w.shape[0]] = np.broadcast_to(zw, (w.shape[0],))
+        inputs = (*inputs, _const(f"{w.name}_wzero", full))
+    return replace(n, op="PackedConvInteger", inputs=inputs, attrs=attrs)
+
+
+def pack_integer_convs(g: Graph) -> Graph:
+    """Every ConvInteger the NCHWc dot-product kernel computes exactly as a PackedConvInteger (module docstring)."""
+    nodes = [(_packed_conv(n) if n.op == "ConvInteger" else None) or n for n in g.nodes]
+    return Graph(g.inputs, g.outputs, nodes, g.name)

@@ -1,0 +1,240 @@
+"""Quantized models through the dot-product kernels (compiler/model/int8_layout.py): MatMulInteger with a constant
+weight → PackedMatMulInteger, ConvInteger → PackedConvInteger (NCHW4c u8 data, NCHW16c int32 accumulators). Models
+written by onnxruntime's quantize_static (QDQ, synthetic calibration) and hand-made integer graphs compile with the
+route on and off; the packed ops are in the tasks, the Requantize epilogue fused into them, and every output equals
+the generic integer route's bit for bit (and onnxruntime's, where it runs the same integer ops: uint8 activations)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
+
+import compiler.model.optimize as optimize_module
+from compiler.artifact.build import run_in_process
+from compiler.model.fusion import fuse
+from compiler.model.graph import Graph
+from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls
+from compiler.model.onnx_import import load
+from compiler.model.optimize import optimize
+from compiler.tensor.tasks import plan_tasks
+
+RNG = np.random.default_rng(8052)
+ROUTE = ("pack_integer_matmuls", "pack_integer_convs", "propagate_int8_nchwc")
+PACKED = {"PackedMatMulInteger", "PackedConvInteger"}
+
+
+class _Calibration(CalibrationDataReader):
+    def __init__(self, name: str, arrays: list[np.ndarray]):
+        self.feeds = iter([{name: a} for a in arrays])
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def _quantize(tmp_path, model: onnx.ModelProto, shape, per_channel: bool, act: QuantType, weight: QuantType):
+    """`model` quantized by quantize_static in QDQ form after onnxruntime's pre-processing, calibrated on 4
+    synthetic inputs."""
+    name = model.graph.input[0].name
+    src, pre, out = tmp_path / "f.onnx", tmp_path / "pre.onnx", tmp_path / "q.onnx"
+    onnx.save(model, str(src))
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    calib = [RNG.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    quantize_static(str(pre), str(out), _Calibration(name, calib), quant_format=QuantFormat.QDQ,
+                    per_channel=per_channel, activation_type=act, weight_type=weight)  # fmt: skip
+    return onnx.load(str(out))
+
+
+def _generic(monkeypatch, g: Graph, feeds: dict) -> dict[str, np.ndarray]:
+    """`g` run with the route's passes left out of the pipeline: the generic integer ops."""
+    with monkeypatch.context() as m:
+        m.setattr(optimize_module, "PASSES", [p for p in optimize_module.PASSES if p[0] not in ROUTE])
+        assert not PACKED & {n.op for n in optimize(g).nodes}
+        return run_in_process(g, feeds)
+
+
+def _packed_tasks(g: Graph) -> Counter:
+    """How many tasks compute a dot-product stage, and the fused groups' op lists holding a packed op."""
+    tasks, _, optimized = plan_tasks(g)
+    groups = Counter(tuple(n.op for n in grp.nodes) for grp in fuse(optimized) if PACKED & {n.op for n in grp.nodes})
+    assert sum(any(op.tag == "int8_dot" for op in t.dag.ops) for t in tasks) >= 1
+    return groups
+
+
+def _compare(monkeypatch, model: onnx.ModelProto, shape, runs: int = 2, with_ort: bool = True) -> Counter:
+    """Route on against route off (bit for bit) and against onnxruntime (`with_ort`); the packed groups."""
+    name = model.graph.input[0].name
+    g = load(model, {name: list(shape)})
+    groups = _packed_tasks(g)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        feeds = {name: RNG.standard_normal(shape).astype(np.float32)}
+        got, want = run_in_process(g, feeds), _generic(monkeypatch, g, feeds)
+        for o in model.graph.output:
+            np.testing.assert_array_equal(got[o.name], want[o.name])
+        if with_ort:
+            for o, theirs in zip(model.graph.output, sess.run(None, feeds)):
+                np.testing.assert_array_equal(got[o.name], theirs)
+    return groups
+
+
+def _float_model(nodes, inits: dict, x_shape, y_shape) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))],
+        [numpy_helper.from_array(np.asarray(a, np.float32 if a.dtype.kind == "f" else a.dtype), n)
+         for n, a in inits.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _matmul_net() -> onnx.ModelProto:
+    """MatMul (3-D activations, K not a multiple of 4, N not of 16) → Relu → Gemm (transB, bias) → MatMul."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["f"]),
+        helper.make_node("Gemm", ["f", "w2", "b2"], ["g"], transB=1),
+        helper.make_node("MatMul", ["g", "w3"], ["y"]),
+    ]
+    inits = {"w1": RNG.standard_normal((37, 24)) * 0.3, "shape": np.array([6, 24], np.int64),
+             "w2": RNG.standard_normal((40, 24)) * 0.3, "b2": RNG.standard_normal(40) * 0.1,
+             "w3": RNG.standard_normal((40, 7)) * 0.3}  # fmt: skip
+    return _float_model(nodes, inits, (2, 3, 37), (6, 7))
+
+
+QUANT_CASES = [
+    (True, QuantType.QUInt8, QuantType.QInt8),
+    (False, QuantType.QUInt8, QuantType.QUInt8),
+    (False, QuantType.QInt8, QuantType.QInt8),
+    (True, QuantType.QUInt8, QuantType.QUInt8),
+]
+
+
+@pytest.mark.parametrize("per_channel, act, weight", QUANT_CASES)
+def test_matmul_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act, weight):
+    model = _quantize(tmp_path, _matmul_net(), (2, 3, 37), per_channel, act, weight)
+    groups = _compare(monkeypatch, model, (2, 3, 37), runs=3, with_ort=act == QuantType.QUInt8)
+    # every product packed (per-column u8 weight zero points too: the kernel subtracts zw[n] * row sums), each with
+    # its Requantize in the same task
+    assert sum(groups.values()) == 3
+    assert all(ops[0] == "PackedMatMulInteger" and "Requantize" in ops for ops in groups)
+
+
+def _conv_net() -> onnx.ModelProto:
+    """A ResNet-like block: 3x3 conv (3 channels in: NCHW4c with a padded channel) → ReLU → 3x3 conv → residual Add
+    with a 1x1 conv → 3x3 stride-2 conv (20 filters: a padded block) → global pool → Gemm."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["r1", "w3"], ["c3"]),
+        helper.make_node("Add", ["c2", "c3"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c4"], ["r4"]),
+        helper.make_node("GlobalAveragePool", ["r4"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1),
+    ]
+    inits = {"w1": RNG.standard_normal((16, 3, 3, 3)) * 0.3, "b1": RNG.standard_normal(16) * 0.1,
+             "w2": RNG.standard_normal((16, 16, 3, 3)) * 0.1, "b2": RNG.standard_normal(16) * 0.1,
+             "w3": RNG.standard_normal((16, 16, 1, 1)) * 0.3,
+             "w4": RNG.standard_normal((20, 16, 3, 3)) * 0.1, "b4": RNG.standard_normal(20) * 0.1,
+             "fc": RNG.standard_normal((5, 20)) * 0.3, "fcb": RNG.standard_normal(5) * 0.1}  # fmt: skip
+    return _float_model(nodes, inits, (2, 3, 14, 14), (2, 5))
+
+
+@pytest.mark.parametrize("per_channel, act, weight", QUANT_CASES)
+def test_conv_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act, weight):
+    model = _quantize(tmp_path, _conv_net(), (2, 3, 14, 14), per_channel, act, weight)
+    groups = _compare(monkeypatch, model, (2, 3, 14, 14), with_ort=act == QuantType.QUInt8)
+    # every conv packed (a u8 weight's zero points too: subtracted times each window's data sum), and the matmul
+    assert sum(ops.count("PackedConvInteger") for ops in groups.elements()) == 4
+    assert sum(ops.count("PackedMatMulInteger") for ops in groups.elements()) == 1
+    assert all("Requantize" in ops for ops in groups)
+
+
+def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: int = 1) -> onnx.ModelProto:
+    """x (x_dtype, zero point x_zero) → ConvInteger with an int8 weight → int32 y."""
+    c = 6
+    w = RNG.integers(-128, 128, (18, c // group, 3, 3)).astype(np.int8)
+    arrays = {"w": w, "xz": np.array(x_zero, x_dtype), "wz": np.asarray(w_zero, np.int8)}
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=list(pads), strides=[stride] * 2,
+                            group=group)  # fmt: skip
+    elem = TensorProto.UINT8 if x_dtype == "uint8" else TensorProto.INT8
+    graph = helper.make_graph(
+        [node], "ci", [helper.make_tensor_value_info("x", elem, [2, c, 9, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, x_zero, w_zero, stride, pads, packed",
+    [("uint8", 0, 0, 1, (1, 1, 1, 1), True), ("uint8", 201, 0, 2, (2, 2, 2, 2), True),
+     ("int8", -77, 0, 1, (0, 0, 0, 0), True), ("uint8", 3, 5, 1, (1, 1, 1, 1), True),
+     ("uint8", 3, 0, 1, (1, 0, 1, 0), False)],
+)  # fmt: skip
+def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zero, w_zero, stride, pads, packed):
+    model = _integer_conv(x_dtype, x_zero, w_zero, stride, pads)
+    g = load(model)
+    assert ("PackedConvInteger" in {n.op for n in optimize(g).nodes}) == packed
+    lo, hi = (0, 256) if x_dtype == "uint8" else (-128, 128)
+    for x in (RNG.integers(lo, hi, (2, 6, 9, 11)), np.full((2, 6, 9, 11), hi - 1), np.full((2, 6, 9, 11), lo)):
+        feeds = {"x": x.astype(x_dtype)}
+        got = run_in_process(g, feeds)["y"]
+        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+        if x_dtype == "uint8":  # onnxruntime's ConvInteger takes uint8 data only
+            want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            np.testing.assert_array_equal(got, want[0])
+
+
+def _integer_matmul(a_dtype: str, w_dtype: str, a_zero_input: bool) -> onnx.ModelProto:
+    """MatMulInteger of A (3 x 5 x 13) by a constant 13 x 20 weight with per-column zero points; A's zero point a
+    graph input (run time, as dynamic quantization makes it) or a constant."""
+    w = RNG.integers(*((0, 256) if w_dtype == "uint8" else (-128, 128)), (13, 20)).astype(w_dtype)
+    wz = RNG.integers(*((0, 256) if w_dtype == "uint8" else (-128, 128)), 20).astype(w_dtype)
+    a_elem = TensorProto.UINT8 if a_dtype == "uint8" else TensorProto.INT8
+    inputs = [helper.make_tensor_value_info("a", a_elem, [3, 5, 13])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(wz, "wz")]
+    if a_zero_input:
+        inputs.append(helper.make_tensor_value_info("az", a_elem, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(100 if a_dtype == "uint8" else -9, a_dtype), "az"))
+    node = helper.make_node("MatMulInteger", ["a", "w", "az", "wz"], ["y"])
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT32, None)]
+    graph = helper.make_graph([node], "mi", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("a_dtype, w_dtype, a_zero_input",
+                         [("uint8", "int8", False), ("uint8", "uint8", True), ("int8", "int8", True),
+                          ("int8", "uint8", False)])  # fmt: skip
+def test_matmul_integer_zero_points_packed_exactly(monkeypatch, a_dtype, w_dtype, a_zero_input):
+    g = load(_integer_matmul(a_dtype, w_dtype, a_zero_input))
+    assert "PackedMatMulInteger" in {n.op for n in optimize(g).nodes}
+    lo, hi = (0, 256) if a_dtype == "uint8" else (-128, 128)
+    for az in ((lo + hi) // 2, lo, hi - 1):
+        feeds = {"a": RNG.integers(lo, hi, (3, 5, 13)).astype(a_dtype)}
+        if a_zero_input:
+            feeds["az"] = np.array(az, a_dtype)
+        got = run_in_process(g, feeds)["y"]
+        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+
+
+def test_passes_leave_what_they_cannot_pack():
+    # a grouped ConvInteger and a MatMulInteger of two run-time values stay generic
+    g = load(_integer_conv("uint8", 3, 0, 1, (1, 1, 1, 1), group=2))
+    assert [n.op for n in pack_integer_convs(g).nodes] == ["ConvInteger"]
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    vi = [helper.make_tensor_value_info(n, TensorProto.UINT8, [4, 8]) for n in "ab"]
+    graph = helper.make_graph([node], "mm", vi, [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 8])])
+    g = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    assert [n.op for n in pack_integer_matmuls(g).nodes] == ["MatMulInteger"]
