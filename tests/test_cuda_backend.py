@@ -349,16 +349,23 @@ def test_the_host_entry_refuses_plans_it_cannot_run(outputs, control, says, tmp_
 
 
 class FakeDriver:
-    """driver.Driver's measuring calls without a GPU: a module's "output" is its image's length (so two builds of
-    one program agree and two programs differ), every timing takes 2 ms, and launching the module whose image is
-    `crash_on` faults."""
+    """driver.Driver's measuring calls without a GPU: device memory is host bytes, launching a module whose image is
+    in `computes` runs that Python function on the launch's buffers (float32 views; it writes the outputs), any other
+    launch writes nothing, launching the module whose image is `crash_on` faults, and every timing takes 2 ms. It
+    logs the calls that matter to the timing (`calls`)."""
 
-    def __init__(self, crash_on: bytes | None = None):
-        self.crash_on, self.images, self.functions, self.launched = crash_on, {}, {}, []
-        self.last = 0.0
+    def __init__(self, computes=None, crash_on: bytes | None = None, l2_bytes: int = 1 << 20):
+        self.computes, self.crash_on, self.l2_bytes = computes or {}, crash_on, l2_bytes
+        self.images, self.functions, self.memory, self.calls = {}, {}, {}, []
 
     def device(self, ordinal=0):
         return ordinal
+
+    def attribute(self, device, attribute):
+        from compiler.targets.cuda.driver import ATTR_L2_CACHE_SIZE
+
+        assert attribute == ATTR_L2_CACHE_SIZE
+        return self.l2_bytes
 
     def use_primary_context(self, device):
         return 1
@@ -377,28 +384,32 @@ class FakeDriver:
         image = self.images[self.functions[function]]
         if image == self.crash_on:
             raise KernelCrashed("cuLaunchKernel", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
-        self.launched.append(function)
-        self.last = float(len(image))
+        self.calls.append("launch")
+        if image in self.computes:
+            self.computes[image]([self.memory[p.address].view(np.float32) for p in args])
 
     def alloc(self, nbytes):
         from compiler.targets.cuda.driver import DevicePointer
 
-        return DevicePointer(1, nbytes)
+        ptr = DevicePointer(len(self.memory) + 1, nbytes)
+        self.memory[ptr.address] = np.zeros(nbytes, np.uint8)
+        return ptr
 
     def to_device(self, ptr, array):
-        pass
+        self.memory[ptr.address][:] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
 
     def fill(self, ptr, byte):
-        pass
+        self.calls.append(("fill", ptr.nbytes))
+        self.memory[ptr.address][:] = byte
 
     def to_host(self, array, ptr):
-        array[...] = self.last
+        array.reshape(-1).view(np.uint8)[:] = self.memory[ptr.address]
 
     def synchronize(self):
         pass
 
     def free(self, ptr):
-        pass
+        del self.memory[ptr.address]
 
     def unload_module(self, module):
         pass
@@ -407,7 +418,7 @@ class FakeDriver:
         return 1
 
     def record(self, event):
-        pass
+        self.calls.append("record")
 
     def wait(self, event):
         pass
@@ -419,36 +430,83 @@ class FakeDriver:
         pass
 
 
-def test_the_runner_checks_candidates_against_the_default_schedule_and_times_them(encoder, ptxas):
-    """Through a fake driver: the default schedule's own program matches and is timed (2 ms over `number` runs),
-    another program's different output is a wrong answer, a faulting kernel is a run error after which the rest of
-    the batch is still measured, and a failed build passes through."""
-    import pickle
+def _batched_matmul(buffers):
+    """What a correct program of the encoder's fused_matmul computes: (1,4,128,128) @ (1,4,128,64)."""
+    a, b, out = buffers[:3]
+    out[:] = (a.reshape(4, 128, 128) @ b.reshape(4, 128, 64)).reshape(-1)
 
-    from compiler.costs.measure import RUN, WRONG_ANSWER
+
+def _off_by_one_row(buffers):
+    """A wrong program: right except for one output row."""
+    _batched_matmul(buffers)
+    buffers[2][:64] += 1.0
+
+
+@pytest.fixture(scope="module")
+def matmul_builds(encoder, ptxas, tmp_path_factory):
+    """The encoder's batched matmul: its default GPU schedule, two other programs, the default again and a broken
+    one, built for sm_90, with each program's first cubin image."""
+    import pickle
 
     target = parse_target("cuda")
     backend = backend_for(target)
     tasks, _, _ = plan_tasks(load(encoder))
-    gemm = next(t for t in tasks if "matmul" in t.name)
-    default = backend.default_schedule(gemm.dag, target)
-    space = backend.search_space(gemm.dag, target, SearchParams())
+    task = next(t for t in tasks if t.name == "fused_matmul")
+    default = backend.default_schedule(task.dag, target)
+    space = backend.search_space(task.dag, target, SearchParams())
     rng = np.random.default_rng(1)
     other, faulting = space.sample(0, rng)[1], space.sample(1, rng)[1]  # with and without shared memory
     broken = tuple(s for s in default.steps if not isinstance(s, Split))
     programs = (default.steps, other.steps, faulting.steps, default.steps, broken)
-    inputs = [MeasureInput(gemm, steps) for steps in programs]
-    with backend.builder(target=target, n_parallel=2) as builder:
+    inputs = [MeasureInput(task, steps) for steps in programs]
+    with backend.builder(target=target, n_parallel=2, workdir=tmp_path_factory.mktemp("built")) as builder:
         builds = builder.build(inputs)
-        crash = pickle.loads(open(builds[2].path, "rb").read()).cubins[0].image
-        with backend.runner(target=target, number=4, repeat=2, driver=FakeDriver(crash_on=crash)) as runner:
-            results = runner.run(inputs, builds)
+    images = [pickle.loads(open(b.path, "rb").read()).cubins[0].image if b.path else None for b in builds]
+    return target, backend, inputs, builds, images
+
+
+def test_the_runner_checks_candidates_against_the_cpu_reference_and_times_them(matmul_builds):
+    """Through a fake driver that computes the matmul where told to: the default schedule's program, computing it,
+    matches the outputs this host's CPU computed for the same seeded inputs and is timed (2 ms over `number` runs);
+    a program whose output is off by one row is a wrong answer naming the CPU reference; a faulting kernel is a run
+    error after which the rest of the batch is still measured; a failed build passes through."""
+    from compiler.costs.measure import RUN, WRONG_ANSWER
+    from compiler.targets.cuda.gpu_measure import load_reference, random_inputs
+
+    target, backend, inputs, builds, images = matmul_builds
+    computes = {images[0]: _batched_matmul, images[1]: _off_by_one_row}
+    driver = FakeDriver(computes, crash_on=images[2])
+    with backend.runner(target=target, number=4, repeat=2, driver=driver) as runner:
+        results = runner.run(inputs, builds)
+        (reference,) = runner.workdir.glob("*.npz")  # one task, one CPU reference
+        ref = load_reference(str(reference))
     ok, wrong, crashed, again, failed = results
-    assert ok.error is None and ok.costs == (2.0 / 1e3 / 4,) * 2
-    assert wrong.error == WRONG_ANSWER and "differ from the default schedule" in wrong.message
+    assert ok.error is None and ok.costs == (2.0 / 1e3 / 4,) * 2, ok.message
+    assert wrong.error == WRONG_ANSWER and wrong.message == (
+        "output 0: 64 of 32768 elements differ from the CPU reference's"
+    )
     assert crashed.error == RUN and "kernel crashed" in crashed.message
     assert again.error is None and again.costs == ok.costs
     assert failed.error == INSTANTIATION
+    # the reference is the CPU's answer for gpu_measure's seeded inputs, not anything the GPU ran
+    a, b = random_inputs(_params_of(builds[0]), len(inputs[0].task.dag.inputs))
+    assert len(ref) == 1 and np.allclose(ref[0], (a.reshape(4, 128, 128) @ b.reshape(4, 128, 64)).ravel(), atol=1e-4)
+
+
+def _params_of(build):
+    import pickle
+
+    return pickle.loads(open(build.path, "rb").read()).kernels[0].params
+
+
+def test_a_program_that_writes_nothing_is_wrong_against_the_cpu_reference(matmul_builds):
+    """No GPU ran a reference: a candidate that leaves its outputs at zero is caught by the CPU's answer alone."""
+    from compiler.costs.measure import WRONG_ANSWER
+
+    target, backend, inputs, builds, _ = matmul_builds
+    with backend.runner(target=target, driver=FakeDriver()) as runner:
+        (result,) = runner.run(inputs[:1], builds[:1])
+    assert result.error == WRONG_ANSWER and "differ from the CPU reference's" in result.message
 
 
 @pytest.mark.parametrize("text", ["cuda", "cuda -arch=sm_80"])

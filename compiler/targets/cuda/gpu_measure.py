@@ -1,6 +1,7 @@
 """Timing built CUDA candidates on this host's GPU through the driver API (driver.Driver): each candidate's cubins
-loaded, run once on random inputs and checked against the task's default schedule run the same way, then timed
-with CUDA events (`repeat` timings of `number` runs each, `number` grown until one timing takes `min_repeat_ms`).
+loaded, run once on random inputs and checked against the outputs this host's CPU computed for the same inputs
+(measure.cpu_reference), then timed with CUDA events (`repeat` timings of `number` runs each, `number` grown until
+one timing takes `min_repeat_ms`).
 
 `measure_batch` runs in a worker process that holds the GPU's context (measure.CudaRunner starts it): a kernel that
 faults leaves the context unusable, so the batch stops there, that candidate is a RUN error, and the runner starts
@@ -21,8 +22,9 @@ from compiler.targets.cuda.driver import DevicePointer, Driver, KernelCrashed
 
 @dataclass(frozen=True)
 class Job:
-    """One candidate to time: its built program (measure.BuiltProgram, pickled at `path`), its task's default
-    schedule's (`reference`), and how many of the kernel's buffers are inputs (the rest are outputs)."""
+    """One candidate to time: its built program (measure.BuiltProgram, pickled at `path`), its task's outputs on the
+    CPU (`reference`: an .npz of out0, out1, …), and how many of the kernel's buffers are inputs (the rest are
+    outputs)."""
 
     path: str
     reference: str
@@ -86,6 +88,8 @@ class _Loaded:
 
 def mismatch(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float, atol: float) -> str | None:
     """Why the outputs differ from the reference's, or None (floats within atol·max(1, max|ref|) + rtol·|ref|)."""
+    if [o.size for o in outputs] != [r.size for r in reference]:
+        return f"output sizes {[o.size for o in outputs]} are not the CPU reference's {[r.size for r in reference]}"
     for k, (o, r) in enumerate(zip(outputs, reference)):
         if o.dtype.kind == "f":
             finite = np.abs(r[np.isfinite(r)])
@@ -94,7 +98,7 @@ def mismatch(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float
         else:
             bad = o != r
         if bad.any():
-            return f"output {k}: {int(bad.sum())} of {o.size} elements differ from the default schedule's"
+            return f"output {k}: {int(bad.sum())} of {o.size} elements differ from the CPU reference's"
     return None
 
 
@@ -118,6 +122,12 @@ def time_loaded(drv: Driver, prog: _Loaded, number: int, repeat: int, min_repeat
     finally:
         drv.destroy_event(start)
         drv.destroy_event(end)
+
+
+def load_reference(path: str) -> list[np.ndarray]:
+    """A task's CPU reference outputs (measure.cpu_reference's .npz), in output order."""
+    with np.load(path) as data:
+        return [data[f"out{k}"] for k in range(len(data.files))]
 
 
 def measure_batch(jobs: list[Job], options: dict, drv: Driver | None = None) -> list[Timing]:
@@ -149,12 +159,7 @@ def _measure(drv: Driver, job: Job, options: dict, references: dict[str, list[np
     built = _load(job.path)
     inputs = random_inputs(built.kernels[0].params, job.n_inputs, options.get("seed", 0))
     if job.reference not in references:
-        ref = _Loaded(drv, _load(job.reference), inputs)
-        try:
-            ref.launch()
-            references[job.reference] = [a.copy() for a in ref.results()]
-        finally:
-            ref.close()
+        references[job.reference] = load_reference(job.reference)
     prog = _Loaded(drv, built, inputs)
     try:
         prog.launch()

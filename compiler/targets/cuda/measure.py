@@ -1,8 +1,8 @@
 """Building and measuring CUDA candidates. `CudaBuilder` replays each candidate's steps, lowers it, generates PTX
 (codegen.compile_func) and assembles every kernel with ptxas, in a pool of worker processes; its results keep each
 kernel's ptxas report (registers, shared memory, spills). `CudaRunner` times built kernels on a GPU
-(gpu_measure), checked against the default schedule; on a host without the NVIDIA driver it refuses, naming what
-is missing."""
+(gpu_measure), checked against the outputs this host's CPU computes for the same inputs; on a host without the NVIDIA
+driver it refuses, naming what is missing."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import weakref
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
@@ -35,12 +37,13 @@ from compiler.costs.records import WARM
 from compiler.schedule.lower import lower
 from compiler.schedule.state import Step, apply_steps
 from compiler.targets.cuda.codegen import compile_func
-from compiler.targets.cuda.default_schedule import default_schedule
-from compiler.targets.cuda.gpu_measure import Job, Timing, measure_batch
+from compiler.targets.cuda.gpu_measure import Job, Timing, measure_batch, random_inputs
 from compiler.targets.cuda.ptx import Cubin, PtxasReport, assemble_program
 from compiler.targets.cuda.target import arch_of, check_runs_here, cuda_target
 from compiler.tensor.dag import ComputeDAG
 from compiler.tensor.tasks import Task
+
+SEED = 0  # of the random inputs every candidate and its CPU reference run on
 
 
 @dataclass(frozen=True)
@@ -139,13 +142,30 @@ class CudaBuilder:
         self.close()
 
 
+def cpu_reference(task: Task, path: Path, seed: int = 0) -> Path:
+    """The task's outputs computed on this host's CPU (the CPU backend's default schedule, JIT-compiled) for the
+    inputs gpu_measure.random_inputs draws with `seed`, saved to `path` (.npz: out0, out1, …): what every GPU
+    candidate of the task must reproduce."""
+    from compiler.targets import backend_for, host_target  # the package imports this module: a cycle at import time
+
+    host = host_target()
+    backend = backend_for(host)
+    func = lower(backend.default_schedule(task.dag, host), "reference")
+    n_inputs = len(task.dag.inputs)
+    inputs = random_inputs(func.params, n_inputs, seed)
+    outputs = [np.zeros(b.size, np.dtype(b.dtype)) for b in func.params[n_inputs:]]
+    backend.compile_kernels([func], host)["reference"](*inputs, *outputs)
+    np.savez(path, **{f"out{k}": a for k, a in enumerate(outputs)})
+    return path
+
+
 class CudaRunner:
-    """Times built CUDA candidates on this host's GPU (gpu_measure), each checked against its task's default schedule
-    first. `repeat`, `number`, `min_repeat_ms` shape the timing, `timeout` (seconds per candidate) bounds a batch;
-    the CPU runner's other options (threads, cache_flush, cold_constants) do not apply and are ignored. Batches run
-    in a worker process holding the GPU context (a fresh one after a kernel faults), or in this process through
-    `driver` where one is given (tests). Without the NVIDIA driver, run() raises InvalidTarget
-    (target.no_driver_message)."""
+    """Times built CUDA candidates on this host's GPU (gpu_measure), each checked first against its task's outputs
+    computed on this host's CPU for the same random inputs (cpu_reference, once per task). `repeat`, `number`,
+    `min_repeat_ms` shape the timing, `timeout` (seconds per candidate) bounds a batch; the CPU runner's other
+    options (threads, cache_flush, cold_constants) do not apply and are ignored. Batches run in a worker process
+    holding the GPU context (a fresh one after a kernel faults), or in this process through `driver` where one is
+    given (tests). Without the NVIDIA driver, run() raises InvalidTarget (target.no_driver_message)."""
 
     def __init__(
         self,
@@ -162,7 +182,7 @@ class CudaRunner:
         self.timeout, self.driver = timeout, driver
         self.workdir = Path(tempfile.mkdtemp(prefix="tilefarm-cuda-ref-"))
         weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
-        self._references: dict[str, CudaBuildResult] = {}
+        self._references: dict[str, tuple[str | None, str]] = {}  # task key -> (its .npz, or None and why)
 
     @property
     def cache(self) -> str:
@@ -174,13 +194,14 @@ class CudaRunner:
         results: list[MeasureResult | None] = [None] * len(inputs)
         pending = []
         for i, (inp, b) in enumerate(zip(inputs, builds)):
-            ref = self._reference(inp.task)
             if b.error is not None or b.path is None:
                 results[i] = MeasureResult((), b.error or BUILD, b.message, b.seconds, 0.0)
-            elif ref.path is None:
-                results[i] = MeasureResult((), UNKNOWN, f"the default schedule does not build: {ref.message}", 0, 0)
+                continue
+            ref, why = self._reference(inp.task)
+            if ref is None:
+                results[i] = MeasureResult((), UNKNOWN, f"no CPU reference for {inp.task.name}: {why}", b.seconds, 0)
             else:
-                pending.append((i, Job(b.path, ref.path, len(inp.task.dag.inputs))))
+                pending.append((i, Job(b.path, ref, len(inp.task.dag.inputs))))
         while pending:
             t0 = time.perf_counter()
             timings = self._measure([job for _, job in pending])
@@ -190,17 +211,19 @@ class CudaRunner:
             pending = pending[len(timings) :]
         return results  # type: ignore[return-value]
 
-    def _reference(self, task: Task) -> CudaBuildResult:
-        """The task's default schedule, built once."""
+    def _reference(self, task: Task) -> tuple[str | None, str]:
+        """The task's CPU reference outputs, computed once: (the .npz's path, "") or (None, why it failed)."""
         if task.key not in self._references:
-            steps = tuple(default_schedule(task.dag).steps)
-            path = str(self.workdir / f"ref{len(self._references)}.cuda")
-            self._references[task.key] = build_one(task.dag, steps, path, self.target)
+            path = self.workdir / f"ref{len(self._references)}.npz"
+            try:
+                self._references[task.key] = (str(cpu_reference(task, path, SEED)), "")
+            except Exception as e:  # noqa: BLE001 - the task's reference failed: its candidates fail, tuning goes on
+                self._references[task.key] = (None, f"{type(e).__name__}: {e}")
         return self._references[task.key]
 
     def _measure(self, jobs: list[Job]) -> list[Timing]:
         """Timings of a prefix of `jobs` (all of them unless a kernel faulted or hung: then the last is its error)."""
-        options = {**self.options, "seed": 0}
+        options = {**self.options, "seed": SEED}
         if self.driver is not None:
             return measure_batch(jobs, options, self.driver)
         pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
