@@ -509,6 +509,30 @@ def test_a_program_that_writes_nothing_is_wrong_against_the_cpu_reference(matmul
     assert result.error == WRONG_ANSWER and "differ from the CPU reference's" in result.message
 
 
+def test_the_runner_flushes_the_l2_before_each_timing_outside_it(matmul_builds):
+    """With cache_flush: before every timed run (the warm-up included) a buffer twice the L2 the driver reports is
+    overwritten with cuMemsetD8, never between a timing's start and end events; one run per timing (number 1), and
+    the results say they were timed flushed. Without it, nothing is flushed and they say warm."""
+    from compiler.costs.records import FLUSHED, WARM
+
+    target, backend, inputs, builds, images = matmul_builds
+    l2 = 3 << 20
+    flush = ("fill", 2 * l2)
+    driver = FakeDriver({images[0]: _batched_matmul}, l2_bytes=l2)
+    with backend.runner(target=target, number=4, repeat=3, min_repeat_ms=50, cache_flush=True, driver=driver) as r:
+        (result,) = r.run(inputs[:1], builds[:1])
+    assert result.error is None and result.costs == (2.0 / 1e3,) * 3 and result.cache == r.cache == FLUSHED
+    calls = driver.calls[driver.calls.index("record") - 1 :]  # from the first timing on (after the check's run)
+    timings = [calls[k : k + 4] for k in range(0, len(calls), 4)]
+    assert timings == [[flush, "record", "launch", "record"]] * 4  # the warm-up, then 3 repeats
+    assert driver.calls.count(flush) == 4 and not driver.memory  # the flush buffer is freed with the rest
+
+    warm = FakeDriver({images[0]: _batched_matmul}, l2_bytes=l2)
+    with backend.runner(target=target, number=2, repeat=3, driver=warm) as r:
+        (result,) = r.run(inputs[:1], builds[:1])
+    assert result.costs == (2.0 / 1e3 / 2,) * 3 and result.cache == WARM and flush not in warm.calls
+
+
 @pytest.mark.parametrize("text", ["cuda", "cuda -arch=sm_80"])
 def test_records_of_a_cuda_target_are_filed_under_its_tvmc_target_string(text):
     target = parse_target(text)

@@ -1,7 +1,8 @@
 """Timing built CUDA candidates on this host's GPU through the driver API (driver.Driver): each candidate's cubins
 loaded, run once on random inputs and checked against the outputs this host's CPU computed for the same inputs
 (measure.cpu_reference), then timed with CUDA events (`repeat` timings of `number` runs each, `number` grown until
-one timing takes `min_repeat_ms`).
+one timing takes `min_repeat_ms`; with `cache_flush`, a buffer twice the GPU's L2 is overwritten before each timing,
+outside it).
 
 `measure_batch` runs in a worker process that holds the GPU's context (measure.CudaRunner starts it): a kernel that
 faults leaves the context unusable, so the batch stops there, that candidate is a RUN error, and the runner starts
@@ -17,7 +18,7 @@ import numpy as np
 
 from compiler.base.errors import TilefarmError
 from compiler.costs.measure import RUN, UNKNOWN, WRONG_ANSWER
-from compiler.targets.cuda.driver import DevicePointer, Driver, KernelCrashed
+from compiler.targets.cuda.driver import ATTR_L2_CACHE_SIZE, DevicePointer, Driver, KernelCrashed
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,18 @@ def mismatch(outputs: list[np.ndarray], reference: list[np.ndarray], rtol: float
     return None
 
 
-def time_loaded(drv: Driver, prog: _Loaded, number: int, repeat: int, min_repeat_ms: float) -> tuple[float, ...]:
+def time_loaded(
+    drv: Driver, prog: _Loaded, number: int, repeat: int, min_repeat_ms: float, flush: DevicePointer | None = None
+) -> tuple[float, ...]:
     """Seconds per run of a loaded program: `repeat` event timings of `number` runs each, `number` doubled first
-    until one timing takes `min_repeat_ms`."""
+    until one timing takes `min_repeat_ms`. `flush`, a buffer larger than the L2, is overwritten (cuMemsetD8)
+    before each timing and outside it, so every timing starts with nothing of the program's in the L2."""
     start, end = drv.event(), drv.event()
     try:
 
         def timed(n: int) -> float:
+            if flush is not None:
+                drv.fill(flush, 0)
             drv.record(start)
             for _ in range(n):
                 prog.launch()
@@ -124,6 +130,11 @@ def time_loaded(drv: Driver, prog: _Loaded, number: int, repeat: int, min_repeat
         drv.destroy_event(end)
 
 
+def flush_buffer(drv: Driver, device: int) -> DevicePointer:
+    """A device buffer twice the device's L2 (what overwriting it evicts: everything a kernel left there)."""
+    return drv.alloc(2 * drv.attribute(device, ATTR_L2_CACHE_SIZE))
+
+
 def load_reference(path: str) -> list[np.ndarray]:
     """A task's CPU reference outputs (measure.cpu_reference's .npz), in output order."""
     with np.load(path) as data:
@@ -131,22 +142,26 @@ def load_reference(path: str) -> list[np.ndarray]:
 
 
 def measure_batch(jobs: list[Job], options: dict, drv: Driver | None = None) -> list[Timing]:
-    """Time `jobs` on device 0 (options: number, repeat, min_repeat_ms, rtol, atol, seed). Stops after a kernel
-    that faults (its Timing is the last, a RUN error): the caller measures the rest in a fresh process."""
+    """Time `jobs` on device 0 (options: number, repeat, min_repeat_ms, cache_flush, rtol, atol, seed). Stops after
+    a kernel that faults (its Timing is the last, a RUN error): the caller measures the rest in a fresh process."""
     drv = drv or Driver()
-    drv.use_primary_context(drv.device(0))
+    device = drv.device(0)
+    drv.use_primary_context(device)
+    flush = flush_buffer(drv, device) if options.get("cache_flush") else None
     references: dict[str, list[np.ndarray]] = {}
     out: list[Timing] = []
     for job in jobs:
         try:
-            out.append(_measure(drv, job, options, references))
+            out.append(_measure(drv, job, options, references, flush))
         except KernelCrashed as e:
             out.append(Timing((), RUN, str(e)))
-            break
+            return out  # the context is gone, the flush buffer with it
         except TilefarmError as e:
             out.append(Timing((), RUN, str(e)))
         except Exception as e:  # a bug here, not the candidate's
             out.append(Timing((), UNKNOWN, f"{type(e).__name__}: {e}"))
+    if flush is not None:
+        drv.free(flush)
     return out
 
 
@@ -155,7 +170,9 @@ def _load(path: str):
         return pickle.load(f)
 
 
-def _measure(drv: Driver, job: Job, options: dict, references: dict[str, list[np.ndarray]]) -> Timing:
+def _measure(
+    drv: Driver, job: Job, options: dict, references: dict[str, list[np.ndarray]], flush: DevicePointer | None
+) -> Timing:
     built = _load(job.path)
     inputs = random_inputs(built.kernels[0].params, job.n_inputs, options.get("seed", 0))
     if job.reference not in references:
@@ -167,6 +184,6 @@ def _measure(drv: Driver, job: Job, options: dict, references: dict[str, list[np
         if why:
             return Timing((), WRONG_ANSWER, why)
         number, repeat = options.get("number", 1), options.get("repeat", 3)
-        return Timing(time_loaded(drv, prog, number, repeat, options.get("min_repeat_ms", 0.0)))
+        return Timing(time_loaded(drv, prog, number, repeat, options.get("min_repeat_ms", 0.0), flush))
     finally:
         prog.close()

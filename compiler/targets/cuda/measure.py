@@ -33,7 +33,7 @@ from compiler.costs.measure import (
     MeasureInput,
     MeasureResult,
 )
-from compiler.costs.records import WARM
+from compiler.costs.records import cache_condition
 from compiler.schedule.lower import lower
 from compiler.schedule.state import Step, apply_steps
 from compiler.targets.cuda.codegen import compile_func
@@ -162,8 +162,10 @@ def cpu_reference(task: Task, path: Path, seed: int = 0) -> Path:
 class CudaRunner:
     """Times built CUDA candidates on this host's GPU (gpu_measure), each checked first against its task's outputs
     computed on this host's CPU for the same random inputs (cpu_reference, once per task). `repeat`, `number`,
-    `min_repeat_ms` shape the timing, `timeout` (seconds per candidate) bounds a batch; the CPU runner's other
-    options (threads, cache_flush, cold_constants) do not apply and are ignored. Batches run in a worker process
+    `min_repeat_ms` shape the timing, `timeout` (seconds per candidate) bounds a batch. With `cache_flush` (as the
+    CPU runner's: records say "flushed"), `number` is 1, `min_repeat_ms` 0, and a buffer twice the GPU's L2 is
+    overwritten before each timed run, outside its events. The CPU runner's other options (threads,
+    cold_constants) do not apply and are ignored. Batches run in a worker process
     holding the GPU context (a fresh one after a kernel faults), or in this process through `driver` where one is
     given (tests). Without the NVIDIA driver, run() raises InvalidTarget (target.no_driver_message)."""
 
@@ -174,19 +176,18 @@ class CudaRunner:
         number: int = 1,
         min_repeat_ms: float = 0.0,
         timeout: float = 10.0,
+        cache_flush: bool = False,
         driver=None,
         **ignored,
     ):
         self.target = target or cuda_target()
-        self.options = {"repeat": repeat, "number": number, "min_repeat_ms": min_repeat_ms}
+        number, min_repeat_ms = (1, 0.0) if cache_flush else (number, min_repeat_ms)
+        self.options = {"repeat": repeat, "number": number, "min_repeat_ms": min_repeat_ms, "cache_flush": cache_flush}
+        self.cache = cache_condition(cache_flush, False)
         self.timeout, self.driver = timeout, driver
         self.workdir = Path(tempfile.mkdtemp(prefix="tilefarm-cuda-ref-"))
         weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
         self._references: dict[str, tuple[str | None, str]] = {}  # task key -> (its .npz, or None and why)
-
-    @property
-    def cache(self) -> str:
-        return WARM
 
     def run(self, inputs: list[MeasureInput], builds: list[BuildResult]) -> list[MeasureResult]:
         if self.driver is None:
@@ -195,11 +196,12 @@ class CudaRunner:
         pending = []
         for i, (inp, b) in enumerate(zip(inputs, builds)):
             if b.error is not None or b.path is None:
-                results[i] = MeasureResult((), b.error or BUILD, b.message, b.seconds, 0.0)
+                results[i] = MeasureResult((), b.error or BUILD, b.message, b.seconds, 0.0, cache=self.cache)
                 continue
             ref, why = self._reference(inp.task)
             if ref is None:
-                results[i] = MeasureResult((), UNKNOWN, f"no CPU reference for {inp.task.name}: {why}", b.seconds, 0)
+                why = f"no CPU reference for {inp.task.name}: {why}"
+                results[i] = MeasureResult((), UNKNOWN, why, b.seconds, 0.0, cache=self.cache)
             else:
                 pending.append((i, Job(b.path, ref, len(inp.task.dag.inputs))))
         while pending:
@@ -207,7 +209,7 @@ class CudaRunner:
             timings = self._measure([job for _, job in pending])
             seconds = (time.perf_counter() - t0) / max(1, len(timings))
             for (i, _), t in zip(pending, timings):
-                results[i] = MeasureResult(t.costs, t.error, t.message, builds[i].seconds, seconds)
+                results[i] = MeasureResult(t.costs, t.error, t.message, builds[i].seconds, seconds, cache=self.cache)
             pending = pending[len(timings) :]
         return results  # type: ignore[return-value]
 
