@@ -533,6 +533,76 @@ def test_the_runner_flushes_the_l2_before_each_timing_outside_it(matmul_builds):
     assert result.costs == (2.0 / 1e3 / 2,) * 3 and result.cache == WARM and flush not in warm.calls
 
 
+# ---------------------------------------------------------------------------------------------- tuned for which GPU
+
+
+def test_a_cuda_artifact_names_the_gpu_and_driver_its_records_were_timed_on(encoder, tmp_path, ptxas, monkeypatch):
+    """The encoder compiled with a record as a GPU worker files it (target cuda -arch=sm_90, host the GPU's key):
+    meta.json's tuned_for names that GPU, its compute capability, CUDA and driver versions where this host's driver
+    reports it, only its key where it does not, and says untuned (no GPU) where no record applied."""
+    from compiler.costs.measure import MeasureResult, to_record
+    from compiler.costs.records import JSONLinesDatabase
+    from compiler.targets.cuda import driver as cu
+    from compiler.targets.cuda import fingerprint
+    from tests.test_cuda_driver import FakeDevice
+
+    proc = tmp_path / "nvidia-version"
+    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:12 UTC 2025\n")
+    monkeypatch.setattr(fingerprint, "NVIDIA_PROC_VERSION", proc)
+    gpu = fingerprint.gpu_fingerprint(FakeDevice(), proc_version=proc)
+    tasks, _, _ = plan_tasks(load(encoder))
+    task = next(t for t in tasks if t.name == "fused_matmul")
+    target = parse_target("cuda")
+    state = backend_for(target).search_space(task.dag, target, SearchParams()).sample(0, np.random.default_rng(1))[1]
+    record = to_record(MeasureInput(task, state.steps), MeasureResult((1e-5, 1.2e-5), None, "", 1.0, 0.1), gpu.target())
+    assert record.target == "cuda -arch=sm_90" and record.host == gpu.key()  # as workers.tasks.measure files it
+    records = tmp_path / "gpu.jsonl"
+    JSONLinesDatabase(records).commit(record)
+
+    def compiled(name: str, *options: str) -> dict:
+        tar_path = tmp_path / f"{name}.tar"
+        assert main(["compile", str(encoder), "--target", "cuda", "-o", str(tar_path), *options]) == 0
+        with tarfile.open(tar_path) as tar:
+            return json.loads(tar.extractfile("meta.json").read())
+
+    monkeypatch.setattr(cu, "Driver", lambda: FakeDevice())  # this host: that H200, on driver 580
+    meta = compiled("here", "--records", str(records))
+    n_tasks = len(meta["tasks"])
+    assert [r["host"] for r in meta["records"]] == [gpu.key()]
+    assert meta["tuned_for"] == {
+        "summary": f"tuned on {gpu}; {n_tasks - 1} of {n_tasks} tasks untuned",
+        "gpus": [
+            {
+                "host": gpu.key(), "tasks": 1, "gpu": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132,
+                "cuda_version": "13.0", "driver_release": "580.65.06",
+            }
+        ],
+    }  # fmt: skip
+    assert "NVIDIA H200 (sm_90, 132 SMs at 1980 MHz, 140 GiB, CUDA 13.0, driver 580.65.06)" in str(gpu)
+
+    monkeypatch.setattr(cu, "Driver", lambda: FakeDevice(12080))  # another driver: another GPU host class
+    elsewhere = compiled("elsewhere", "--records", str(records))["tuned_for"]
+    assert elsewhere["gpus"] == [{"host": gpu.key(), "tasks": 1, "gpu": None}]
+    assert elsewhere["summary"].startswith(f"tuned on GPU {gpu.key()} (not one of this host's")
+
+    untuned = compiled("untuned")
+    assert untuned["records"] == [] and untuned["tuned_for"] == {
+        "summary": "untuned (no GPU): every kernel has its default GPU schedule",
+        "gpus": [],
+    }
+
+
+def test_local_gpus_are_none_where_no_driver_loads(monkeypatch):
+    from compiler.targets.cuda import driver as cu
+    from compiler.targets.cuda.fingerprint import local_gpus
+
+    def no_driver():
+        raise cu.NoCudaDriver("no CUDA driver on this host: cannot load libcuda.so.1")
+
+    monkeypatch.setattr(cu, "Driver", no_driver)
+    assert local_gpus() == []
+
+
 @pytest.mark.parametrize("text", ["cuda", "cuda -arch=sm_80"])
 def test_records_of_a_cuda_target_are_filed_under_its_tvmc_target_string(text):
     target = parse_target(text)

@@ -7,12 +7,14 @@ buffers each takes and whether it takes the kernel's workspace (its global inter
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from compiler.base.errors import MissingExtra
+from compiler.base.errors import InvalidTarget, MissingExtra
 from compiler.schedule.loopir import Func
 from compiler.targets.cuda.codegen import GpuArch, GpuProgram, compile_func
+from compiler.targets.cuda.fingerprint import GpuFingerprint
 from compiler.targets.cuda.ptx import assemble_program, find_ptxas
 
 KERNELS_DIR = "kernels"
@@ -87,3 +89,39 @@ def listed_files(folder: Path, name: str) -> list[str]:
     doc = json.loads((folder / launches_file(name)).read_text())
     launches = [launch for k in doc["kernels"].values() for launch in k["launches"]]
     return [doc["params"], *(launch[f] for launch in launches for f in ("ptx", "cubin") if f in launch)]
+
+
+def tuned_for(records: Sequence[dict], n_tasks: int, gpus: Sequence[GpuFingerprint]) -> dict:
+    """meta.json's "tuned_for": which GPU(s) timed the records the artifact applied (meta.json's "records", each
+    naming its host class), each with its name, compute capability, SMs, CUDA and driver versions where it is one
+    of `gpus` (this host's), else only its key; "untuned (no GPU)" where no record applied."""
+    if not records:
+        return {"summary": "untuned (no GPU): every kernel has its default GPU schedule", "gpus": []}
+    known = {}
+    for g in gpus:
+        try:
+            known[g.key()] = g
+        except InvalidTarget:  # a GPU tilefarm has no code for timed nothing
+            continue
+    entries, said = [], []
+    for host, n in Counter(r["host"] for r in records).items():
+        g = known.get(host)
+        if g is None:
+            entries.append({"host": host, "tasks": n, "gpu": None})
+            said.append(f"GPU {host} (not one of this host's: its name and driver are known where it runs)")
+            continue
+        entries.append(
+            {
+                "host": host,
+                "tasks": n,
+                "gpu": g.name,
+                "compute_capability": list(g.compute_capability),
+                "sm_count": g.sm_count,
+                "cuda_version": g.cuda_version,
+                "driver_release": g.driver_release,
+            }
+        )
+        said.append(str(g))
+    rest = n_tasks - len(records)
+    summary = f"tuned on {'; '.join(said)}" + (f"; {rest} of {n_tasks} tasks untuned" if rest else "")
+    return {"summary": summary, "gpus": entries}

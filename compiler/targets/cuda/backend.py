@@ -14,6 +14,7 @@ from compiler.schedule.state import State
 from compiler.targets.cuda import artifact, host_entry
 from compiler.targets.cuda.codegen.memory import PARAM_ALIGN, split_launches
 from compiler.targets.cuda.default_schedule import default_schedule
+from compiler.targets.cuda.fingerprint import local_gpus
 from compiler.targets.cuda.measure import CudaBuilder, CudaRunner
 from compiler.targets.cuda.space import CudaSearchSpace
 from compiler.targets.cuda.target import (
@@ -72,7 +73,9 @@ class CudaBackend:
 
     def finish_artifact(self, folder: Path, name: str, meta: dict, has_control_flow: bool) -> list[str]:
         """The artifact's library, `<name>.so` in `folder`: the native host entry (cuda/host_entry.py) running
-        meta.json's plan through the driver API, made the library `meta` names; returns the files it adds."""
+        meta.json's plan through the driver API, made the library `meta` names; returns the files it adds. `meta`
+        also gets "tuned_for": the GPU(s) whose timings chose its records, or untuned (artifact.tuned_for)."""
+        meta["tuned_for"] = artifact.tuned_for(meta["records"], len(meta["tasks"]), local_gpus())
         library = host_entry.link_host_entry(folder, name, meta, has_control_flow)
         meta["library"] = library
         meta["errors"][str(host_entry.CUDA_ERROR_CODE)] = (

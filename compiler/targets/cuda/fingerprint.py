@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from compiler.base.errors import InvalidTarget
+from compiler.base.errors import InvalidTarget, TilefarmError
 from compiler.base.target import Target
 from compiler.targets.cuda import driver as cu
 from compiler.targets.cuda.codegen import ARCHS
@@ -124,3 +124,13 @@ def gpu_fingerprint(
         l2_bytes=driver.attribute(dev, cu.ATTR_L2_CACHE_SIZE),
         max_shared_per_block=driver.attribute(dev, cu.ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
     )
+
+
+def local_gpus(driver: DeviceQueries | None = None, proc_version: Path | None = None) -> list[GpuFingerprint]:
+    """Every GPU this host's driver (default: the CUDA driver API) reports; none where no driver loads or it fails."""
+    try:
+        drv = driver if driver is not None else cu.Driver()
+        count = drv.device_count() if hasattr(drv, "device_count") else 1  # DeviceQueries need not say
+        return [gpu_fingerprint(drv, k, proc_version or NVIDIA_PROC_VERSION) for k in range(count)]
+    except TilefarmError:
+        return []
