@@ -334,11 +334,14 @@ def DynamicQuantizeMatMul(ctx: _Ctx) -> list[Node]:
 
 
 def qlinear_add_attrs(a_scale, a_zp, b_scale, b_zp, c_scale, c_zp) -> dict:
-    """The Requantize-like constants of onnxruntime's QLinearAdd kernel (tensor op QLinearAdd), in its float32
-    order: ratios a_scale / c_scale and b_scale / c_scale, fixed part c_zp - (ratio_a * a_zp + ratio_b * b_zp)."""
+    """The constants of onnxruntime's QLinearAdd kernel (tensor op QLinearAdd), in its float32 order: ratios
+    a_scale / c_scale and b_scale / c_scale, fixed part c_zp - fma(ratio_a, a_zp, ratio_b * b_zp) (the compiler
+    contracts onnxruntime's `ratio_a * a_zp + ratio_b * b_zp` into a fused multiply-add; float64 computes it exactly,
+    rounded once to float32)."""
     f32 = np.float32
     ra, rb = f32(a_scale) / f32(c_scale), f32(b_scale) / f32(c_scale)
-    fixed = f32(int(c_zp)) - (ra * f32(int(a_zp)) + rb * f32(int(b_zp)))
+    fused = f32(np.float64(ra) * int(a_zp) + np.float64(rb * f32(int(b_zp))))
+    fixed = f32(int(c_zp)) - fused
     return {"ratios": (float(ra), float(rb)), "fixed": float(fixed)}
 
 
