@@ -158,7 +158,7 @@ def requantize(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
 
 def qlinear_add(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """onnxruntime's QLinearAdd (MLAS AVX2 kernel) of same-shape int8 / uint8 a and b, with `ratios` the float32
-    (a_scale / c_scale, b_scale / c_scale) and `fixed` the float32 c_zero_point - (ratio_a * a_zp + ratio_b * b_zp):
+    (a_scale / c_scale, b_scale / c_scale) and `fixed` the float32 c_zero_point - fma(ratio_a, a_zp, ratio_b * b_zp):
     t = fma(b, ratio_b, fixed), u = fma(a, ratio_a, t), saturate(round_half_even(u)). A fused multiply-add rounds
     once: the float64 products of a float32 and an 8-bit integer, and their sum with a float32, are exact."""
     op = "QLinearAdd"
