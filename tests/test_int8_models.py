@@ -157,7 +157,18 @@ def test_conv_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act
     # every conv packed (a u8 weight's zero points too: subtracted times each window's data sum), and the matmul
     assert sum(ops.count("PackedConvInteger") for ops in groups.elements()) == 4
     assert sum(ops.count("PackedMatMulInteger") for ops in groups.elements()) == 1
-    assert all("Requantize" in ops for ops in groups)
+    # each conv computes its Requantize on its NCHW16c accumulators; the matmul's is fused into its task
+    g = optimize(load(model, {"x": [2, 3, 14, 14]}))
+    convs = [n for n in g.nodes if n.op == "PackedConvInteger"]
+    assert [n.attrs["to"] for n in convs] == ["uint8" if act == QuantType.QUInt8 else "int8"] * 4
+    assert all("Requantize" in ops for ops in groups if "PackedMatMulInteger" in ops)
+    # u8 values stay NCHW16c from the first conv through the residual QLinearAdd into the last conv (whose 20
+    # filters leave it NCHW); s8 ones go back to NCHW (the kernel's data is u8)
+    blocked = act == QuantType.QUInt8
+    layouts = [(n.attrs.get("data_layout"), n.attrs.get("out_layout")) for n in convs]
+    nchwc = "NCHWc" if blocked else None
+    assert layouts == [(None, nchwc), (nchwc, nchwc), (nchwc, nchwc), (nchwc, None)]
+    assert sum(n.op == "NCHWcToNCHW" for n in g.nodes) == 0
 
 
 def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: int = 1) -> onnx.ModelProto:

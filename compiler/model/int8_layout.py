@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from compiler.base.errors import InvalidExpr
-from compiler.model.graph import Graph, Node, TensorType, Value
+from compiler.model.graph import NCHWC, Graph, Node, TensorType, Value, toposort
+from compiler.model.passes import CONV_BLOCK
 
 DOT = 4  # k per int32 lane of the dot product
 COLUMNS = 16  # the packed weight's columns come in multiples of this: the int32 lanes of one 512-bit vector
@@ -169,7 +170,124 @@ def _packed_conv(n: Node) -> Node | None:
     return replace(n, op="PackedConvInteger", inputs=inputs, attrs=attrs)
 
 
+def _requantize_inputs(n: Node, reader: Node, F: int, padded: int) -> tuple[Value | None, ...] | None:
+    """The multiplier, zero point and bias of the Requantize `reader` of conv `n`'s result, laid out for the
+    kernel (per-channel ones padded to `padded` channels), when it can run on the conv's accumulators: constants,
+    one value or per channel (axis 1)."""
+    if reader.op != "Requantize" or reader.inputs[0] is not n.outputs[0] or reader.attrs.get("axis") not in (None, 1):
+        return None
+    mult, zero, bias = (reader.inputs[i] if len(reader.inputs) > i else None for i in (1, 2, 3))
+    if any(v is not None and (v.const is None or v.const.size not in (1, F)) for v in (mult, zero, bias)):
+        return None
+    if zero is not None and zero.const is not None and zero.const.size != 1:
+        return None
+
+    def padded_const(v: Value | None) -> Value | None:
+        if v is None or v.const is None or v.const.size == 1:
+            return v
+        c = np.zeros(padded, v.const.dtype)
+        c[:F] = v.const.reshape(-1)
+        return _const(f"{v.name}_c{padded}", c)
+
+    return padded_const(mult), zero, padded_const(bias)
+
+
 def pack_integer_convs(g: Graph) -> Graph:
-    """Every ConvInteger the NCHWc dot-product kernel computes exactly as a PackedConvInteger (module docstring)."""
-    nodes = [(_packed_conv(n) if n.op == "ConvInteger" else None) or n for n in g.nodes]
-    return Graph(g.inputs, g.outputs, nodes, g.name)
+    """Every ConvInteger the NCHWc dot-product kernel computes exactly as a PackedConvInteger, with the Requantize
+    that alone reads it (module docstring)."""
+    readers, outputs = g.consumers(), {id(v) for v in g.outputs}
+    nodes, absorbed = [], set()
+    for n in g.nodes:
+        packed = _packed_conv(n) if n.op == "ConvInteger" else None
+        if packed is None:
+            nodes.append(n)
+            continue
+        after = readers.get(id(n.outputs[0]), [])
+        F, padded = n.inputs[1].shape[0], packed.inputs[1].shape[0] * COLUMNS
+        quant = None
+        if len(after) == 1 and id(n.outputs[0]) not in outputs:
+            quant = _requantize_inputs(n, after[0], F, padded)
+        if quant is not None:
+            inputs = (*packed.inputs, *(None,) * (4 - len(packed.inputs)), *quant)
+            packed = replace(packed, inputs=inputs, outputs=after[0].outputs,
+                             attrs={**packed.attrs, "to": after[0].attrs["to"]})  # fmt: skip
+            absorbed.add(id(after[0]))
+        nodes.append(packed)
+    return Graph(g.inputs, g.outputs, [n for n in nodes if id(n) not in absorbed], g.name)
+
+
+# ---------------------------------------------------------------------------------------------- NCHW16c between convs
+
+_PASS_THROUGH = ("QLinearAdd", "MaxPool", "Relu")  # ops computing the same on NCHW16c data (MaxPool: `layout`)
+
+
+def _requantized_conv(n: Node) -> bool:
+    """A PackedConvInteger with its Requantize whose filters fill whole blocks of 16."""
+    return n.op == "PackedConvInteger" and "to" in n.attrs and n.attrs["channels"] % CONV_BLOCK == 0
+
+
+def _reads_blocked(n: Node) -> bool:
+    """A PackedConvInteger whose input channels fill whole blocks of 16 (its weight's C'/4 blocks of 4 then match)."""
+    return n.op == "PackedConvInteger" and n.inputs[1].shape[1] * DOT % CONV_BLOCK == 0 and n.inputs[0].dtype == "uint8"
+
+
+def _passes_through(n: Node, can: set[int]) -> bool:
+    """A QLinearAdd of same-shape values, a Relu or a MaxPool whose data inputs could all be NCHW16c (`can`)."""
+    data = [v for v in n.inputs if v is not None and v.const is None]
+    if n.op not in _PASS_THROUGH or len(n.outputs) != 1 or not data or not all(id(v) in can for v in data):
+        return False
+    return n.op == "MaxPool" or all(v.shape == n.outputs[0].shape for v in data)
+
+
+def propagate_int8_nchwc(g: Graph) -> Graph:
+    """Keep u8 values between PackedConvIntegers NCHW16c (propagate_nchwc's design: a value is blocked where its
+    producer can write it so and some reader gains from it; an NCHWcToNCHW puts it back once for any other reader)."""
+    can: set[int] = set()
+    for n in g.nodes:
+        if len(n.outputs[0].shape) == 4 and (_requantized_conv(n) or _passes_through(n, can)):
+            can.add(id(n.outputs[0]))
+    wanted: set[int] = set()  # a subset of `can`, decided from the readers backwards
+    for n in reversed(g.nodes):
+        if _reads_blocked(n):
+            wanted.update(id(v) for v in n.inputs[:1] if id(v) in can)
+        elif n.op != "PackedConvInteger" and id(n.outputs[0]) in wanted:
+            wanted.update(id(v) for v in n.inputs if v is not None and id(v) in can)
+    if not wanted:
+        return g
+
+    blocked: dict[int, Value] = {}  # id(original value) -> its NCHW16c twin
+    produced_plain: set[int] = set()
+    nodes: list[Node] = []
+
+    def plain(v: Value | None) -> Value | None:
+        """v as NCHW: the original value, converted back from its twin the first time it is needed."""
+        if v is None or id(v) not in blocked or id(v) in produced_plain:
+            return v
+        nodes.append(Node("NCHWcToNCHW", (blocked[id(v)],), (v,), {}, f"{v.name}_to_nchw"))
+        produced_plain.add(id(v))
+        return v
+
+    for n in g.nodes:
+        out, attrs = n.outputs[0], dict(n.attrs)
+        if n.op == "PackedConvInteger":
+            x = n.inputs[0]
+            if _reads_blocked(n) and x is not None and id(x) in blocked:
+                attrs["data_layout"], x = NCHWC, blocked[id(x)]
+            ins = (plain(x), *n.inputs[1:])
+            if id(out) in wanted:
+                attrs["out_layout"] = NCHWC
+        elif id(out) in wanted:  # its data inputs are all blocked: they were wanted for it
+            ins = tuple(blocked[id(v)] if v is not None and id(v) in blocked else v for v in n.inputs)
+            if n.op == "MaxPool":
+                attrs["layout"] = NCHWC
+        else:
+            ins = tuple(plain(v) for v in n.inputs)
+        outs = n.outputs
+        if id(out) in wanted:
+            N, C, H, W = out.shape
+            blocked[id(out)] = Value(f"{out.name}_nchwc", TensorType((N, C // CONV_BLOCK, H, W, CONV_BLOCK), out.dtype))
+            outs = (blocked[id(out)],)
+        nodes.append(replace(n, inputs=ins, outputs=outs, attrs=attrs))
+    for v in g.outputs:
+        plain(v)  # a graph output leaves NCHW, under its own name
+    return Graph(g.inputs, g.outputs, toposort(nodes), g.name)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from compiler.base.errors import UnknownPass
 from compiler.model.graph import Graph, subgraphs
-from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls
+from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls, propagate_int8_nchwc
 from compiler.model.layout import propagate_nchwc
 from compiler.model.passes import (
     block_conv_weights,
@@ -30,6 +30,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_qdq", fold_qdq),
     ("pack_integer_matmuls", pack_integer_matmuls),
     ("pack_integer_convs", pack_integer_convs),
+    ("propagate_int8_nchwc", propagate_int8_nchwc),
     ("fold_batchnorm", fold_batchnorm),
     ("gemm_to_matmul", gemm_to_matmul),
     ("pack_matmul_weights", pack_matmul_weights),
@@ -45,6 +46,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 OPTIONAL_PASSES = (
     "pack_integer_matmuls",
     "pack_integer_convs",
+    "propagate_int8_nchwc",
     "pack_matmul_weights",
     "winograd_convs",
     "block_conv_weights",

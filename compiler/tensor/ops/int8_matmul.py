@@ -22,7 +22,9 @@ from compiler.base.errors import InvalidExpr
 from compiler.model.int8_layout import COLUMNS, DOT, PackedInt8Weight, pack_int8_conv_weight, pack_int8_weight
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _dims, _dtype_in, _input
+from compiler.tensor.ops.elementwise import round_half_even
 from compiler.tensor.ops.nn import nchwc_to_nchw
+from compiler.tensor.ops.quantized import _saturate
 
 __all__ = [
     "COLUMNS",
@@ -239,21 +241,50 @@ def to_nchw4c(x: te.Tensor, blocks: int, a_zero: int, name: str) -> te.Tensor:
     return te.compute((N, blocks, H, W, DOT), body, f"{name}_nchw4c", "injective")
 
 
+def requantize_nchwc(acc: te.Tensor, mult: te.Tensor, zero: te.Tensor | None, bias: te.Tensor | None, to: str,
+                     name: str) -> te.Tensor:  # fmt: skip
+    """Requantize (compiler/tensor/ops/quantized.py, the same steps in the same order) of an NCHW16c int32 `acc`,
+    the multiplier, zero point and bias one value or one per channel (F' values, the padded channels' included)."""
+
+    def per(t: te.Tensor | None, fo: te.Expr, fi: te.Expr) -> te.Expr | None:
+        if t is None:
+            return None
+        if t.ndim == 0:
+            return t[()]
+        if t.ndim == 1 and t.shape[0] == 1:
+            return t[0]
+        if t.ndim == 1 and t.shape[0] == acc.shape[1] * acc.shape[4]:
+            return t[fo * acc.shape[4] + fi]
+        raise InvalidExpr(f"PackedConvInteger: {t.name} ({_dims(t)}) must be one value or one per channel")
+
+    def body(n, fo, y, x, fi):
+        b = per(bias, fo, fi)
+        v = te.cast("float32", acc[n, fo, y, x, fi] if b is None else acc[n, fo, y, x, fi] + b)
+        q = round_half_even(v * per(mult, fo, fi))
+        z = per(zero, fo, fi)
+        return _saturate(q if z is None else q + te.cast("float32", z), to)
+
+    return te.compute(acc.shape, body, name, "elemwise")
+
+
 def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
-    """tilefarm's PackedConvInteger: ConvInteger by `int8_conv2d_nchwc` of data NCHW (u8 / s8) or NCHW16c (u8,
-    `data_layout`), the weight packed by `pack_int8_conv_weight`, its per-channel term `col`, the weight's zero
-    point per output channel (optional); attributes stride,
-    padding, a_zero (the u8 data's zero point), channels (F); the int32 result NCHW, or NCHW16c (`out_layout`)."""
+    """tilefarm's PackedConvInteger(X, W, col?, w_zero?, multiplier?, zero_point?, bias?): ConvInteger by
+    `int8_conv2d_nchwc` of data NCHW (u8 / s8) or NCHW16c (u8, `data_layout`), the weight packed by
+    `pack_int8_conv_weight`, its per-channel term `col` and the weight's zero point per output channel; with a
+    multiplier, the Requantize that read the conv (its `to`) computed on the NCHW16c accumulators. Attributes
+    stride, padding, a_zero (the u8 data's zero point), channels (F); the result NCHW, or NCHW16c (`out_layout`)."""
     op = "PackedConvInteger"
     x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
-    col, w_zero = (ins[i] if len(ins) > i else None for i in (2, 3))
+    col, w_zero, mult, zero, bias = (ins[i] if len(ins) > i else None for i in range(2, 7))
     if w.ndim != 6:
         raise InvalidExpr(f"{op}: w {_dims(w)} must be F/16 x C/4 x KH x KW x 16 x 4")
     if (x.ndim == 5) != (attrs.get("data_layout") == "NCHWc"):
         raise InvalidExpr(f"{op}: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}")
     data = to_nchw4c(x, w.shape[1], attrs["a_zero"], name)
     stride, padding, a_zero = attrs["stride"], attrs["padding"], attrs["a_zero"]
-    out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_nchwc", w_zero)
+    out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_acc", w_zero)
+    if mult is not None:
+        out = requantize_nchwc(out, mult, zero, bias, attrs["to"], f"{name}_q")
     if attrs.get("out_layout") == "NCHWc":
         return [out]
     return [nchwc_to_nchw(out, name, attrs["channels"])]
