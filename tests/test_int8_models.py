@@ -249,3 +249,31 @@ def test_passes_leave_what_they_cannot_pack():
     graph = helper.make_graph([node], "mm", vi, [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 8])])
     g = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
     assert [n.op for n in pack_integer_matmuls(g).nodes] == ["MatMulInteger"]
+
+
+def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates(monkeypatch):
+    # QLinearConv (1x1, 16 filters) whose multipliers x_scale * w_scale / y_scale are 0.5 and 0.25 (every odd
+    # accumulator a tie), 3.75, and 2^14 and -2^14 (products far past 2^22: saturated both ways)
+    mults = np.array([0.5, 0.25, 3.75, 2.0**14, -(2.0**14)] * 3 + [0.5], np.float32)
+    w = RNG.integers(-128, 128, (16, 8, 1, 1)).astype(np.int8)
+    arrays = {"xs": np.array(1.0, np.float32), "xz": np.array(130, np.uint8), "w": w, "ws": mults,
+              "wz": np.zeros(16, np.int8), "ys": np.array(1.0, np.float32), "yz": np.array(7, np.uint8),
+              "b": RNG.integers(-999, 999, 16).astype(np.int32)}  # fmt: skip
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"])
+    graph = helper.make_graph(
+        [node], "qc", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 5, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16, 5, 6])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    g = load(model)
+    assert {n.op for n in optimize(g).nodes} == {"PackedConvInteger"}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        feeds = {"x": RNG.integers(0, 256, (1, 8, 5, 6)).astype(np.uint8)}
+        got = run_in_process(g, feeds)["y"]
+        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+        np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
+    acc = np.einsum("nchw,fc->nfhw", feeds["x"].astype(np.int64) - 130, w[:, :, 0, 0].astype(np.int64))
+    scaled = (acc + arrays["b"][None, :, None, None]) * mults.astype(np.float64)[None, :, None, None]
+    assert (scaled % 1 == 0.5).sum() > 10 and (np.abs(scaled) > 2**22).sum() > 10  # the inputs reach both edges

@@ -22,6 +22,7 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler.base import dtypes
 from compiler.base.errors import InvalidExpr, UnsupportedDType
+from compiler.model.int8_layout import pack_int8_conv_weight, pack_int8_weight
 from compiler.model.passes import block_conv_input_channels, pack_conv_weight, pack_depthwise_weight
 from compiler.model.winograd import winograd_matrices, winograd_weight
 from compiler.schedule import interp
@@ -435,6 +436,36 @@ def nn_cases() -> list[Case]:
         Case("PackedMatMul", [f32(4, 6), panels(b1, 32)], tol=REDUCTION, reference=lambda a, w: [a @ b1]),
         Case("PackedMatMul", [f32(2, 3, 5), panels(b2, 4)], tol=REDUCTION, reference=lambda a, w: [a @ b2]),
     ]
+
+    # PackedMatMulInteger, PackedConvInteger (made by int8_layout's passes): integer products, exact; the conv's
+    # Requantize (multiplier, zero point, bias per channel) on its NCHW16c accumulators, rounding half to even
+    a8, wm, zm = ints(2, 3, 13, dtype="uint8", lo=0, hi=256), ints(13, 20, dtype="int8", lo=-128, hi=128), ints(20)
+    pm = pack_int8_weight(wm, zm, 100)
+    x8, wc, zc = (
+        ints(1, 6, 7, 8, dtype="uint8", lo=0, hi=256),
+        ints(18, 6, 3, 3, dtype="int8", lo=-128, hi=128),
+        ints(18),
+    )
+    wcp, colc = pack_int8_conv_weight(wc, 9, zc)
+    zc32 = np.zeros(32, np.int32)
+    zc32[:18] = zc
+    conv_acc = ops.reference_conv2d((x8 - 9.0), (wc - zc[:, None, None, None]).astype(np.float64), 2, 1).astype(
+        np.int32
+    )
+    mult, bias = (pos(32) / 4000).astype(np.float32), ints(32, lo=-5000, hi=5000)
+
+    def requantized(acc):
+        v = (acc + bias[None, :18, None, None]).astype(np.float32) * mult[None, :18, None, None]
+        return [np.clip(np.rint(v) + 3, 0, 255).astype(np.uint8)]
+
+    int8_conv = {"stride": 2, "padding": 1, "a_zero": 9, "channels": 18}
+    cases += [
+        Case("PackedMatMulInteger", [a8, pm.packed, pm.col, None, None, pm.w_zero], {"n": 20},
+             reference=lambda *_: [((a8 - np.int64(100)) @ (wm - zm.astype(np.int64))).astype(np.int32)]),
+        Case("PackedConvInteger", [x8, wcp, colc, zc32], int8_conv, reference=lambda *_: [conv_acc]),
+        Case("PackedConvInteger", [x8, wcp, colc, zc32, mult, np.array(3, np.uint8), bias],
+             {**int8_conv, "to": "uint8"}, reference=lambda *_: requantized(conv_acc)),
+    ]  # fmt: skip
 
     # a depthwise BlockedConv: the weight C/16 x KH x KW x 16; and one of 24 filters, padded to two blocks
     def depthwise_ref(x, w, b=None, stride=1, padding=0):

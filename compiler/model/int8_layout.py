@@ -170,26 +170,31 @@ def _packed_conv(n: Node) -> Node | None:
     return replace(n, op="PackedConvInteger", inputs=inputs, attrs=attrs)
 
 
-def _requantize_inputs(n: Node, reader: Node, F: int, padded: int) -> tuple[Value | None, ...] | None:
+_SCALARS = ("multiplier", "zero_point", "bias")  # a one-value Requantize input becomes the attribute of its name
+
+
+def _requantize_inputs(n: Node, reader: Node, F: int, padded: int) -> tuple[tuple[Value | None, ...], dict] | None:
     """The multiplier, zero point and bias of the Requantize `reader` of conv `n`'s result, laid out for the
-    kernel (per-channel ones padded to `padded` channels), when it can run on the conv's accumulators: constants,
-    one value or per channel (axis 1)."""
+    kernel, when it can run on the conv's accumulators (constants, one value or per channel): per-channel ones
+    padded to `padded` channels, one-value ones as attributes (a constant in the code: a one-element load in the
+    lanes of a vectorized rounding select is a gather)."""
     if reader.op != "Requantize" or reader.inputs[0] is not n.outputs[0] or reader.attrs.get("axis") not in (None, 1):
         return None
-    mult, zero, bias = (reader.inputs[i] if len(reader.inputs) > i else None for i in (1, 2, 3))
-    if any(v is not None and (v.const is None or v.const.size not in (1, F)) for v in (mult, zero, bias)):
+    values = [reader.inputs[i] if len(reader.inputs) > i else None for i in (1, 2, 3)]
+    if any(v is not None and (v.const is None or v.const.size not in (1, F)) for v in values):
         return None
-    if zero is not None and zero.const is not None and zero.const.size != 1:
-        return None
-
-    def padded_const(v: Value | None) -> Value | None:
+    inputs: list[Value | None] = []
+    attrs: dict = {"to": reader.attrs["to"]}
+    for key, v in zip(_SCALARS, values):
         if v is None or v.const is None or v.const.size == 1:
-            return v
+            if v is not None and v.const is not None:
+                attrs[key] = float(v.const.reshape(())) if key == "multiplier" else int(v.const.reshape(()))
+            inputs.append(None)
+            continue
         c = np.zeros(padded, v.const.dtype)
         c[:F] = v.const.reshape(-1)
-        return _const(f"{v.name}_c{padded}", c)
-
-    return padded_const(mult), zero, padded_const(bias)
+        inputs.append(_const(f"{v.name}_c{padded}", c))
+    return tuple(inputs), attrs
 
 
 def pack_integer_convs(g: Graph) -> Graph:
@@ -208,9 +213,10 @@ def pack_integer_convs(g: Graph) -> Graph:
         if len(after) == 1 and id(n.outputs[0]) not in outputs:
             quant = _requantize_inputs(n, after[0], F, padded)
         if quant is not None:
-            inputs = (*packed.inputs, *(None,) * (4 - len(packed.inputs)), *quant)
-            packed = replace(packed, inputs=inputs, outputs=after[0].outputs,
-                             attrs={**packed.attrs, "to": after[0].attrs["to"]})  # fmt: skip
+            inputs = [*packed.inputs, *(None,) * (4 - len(packed.inputs)), *quant[0]]
+            while inputs[-1] is None:
+                inputs.pop()
+            packed = replace(packed, inputs=tuple(inputs), outputs=after[0].outputs, attrs={**packed.attrs, **quant[1]})
             absorbed.add(id(after[0]))
         nodes.append(packed)
     return Graph(g.inputs, g.outputs, [n for n in nodes if id(n) not in absorbed], g.name)

@@ -22,7 +22,6 @@ from compiler.base.errors import InvalidExpr
 from compiler.model.int8_layout import COLUMNS, DOT, PackedInt8Weight, pack_int8_conv_weight, pack_int8_weight
 from compiler.tensor import te
 from compiler.tensor.ops.checks import _dims, _dtype_in, _input
-from compiler.tensor.ops.elementwise import round_half_even
 from compiler.tensor.ops.nn import nchwc_to_nchw
 from compiler.tensor.ops.quantized import _saturate
 
@@ -241,14 +240,26 @@ def to_nchw4c(x: te.Tensor, blocks: int, a_zero: int, name: str) -> te.Tensor:
     return te.compute((N, blocks, H, W, DOT), body, f"{name}_nchw4c", "injective")
 
 
-def requantize_nchwc(acc: te.Tensor, mult: te.Tensor, zero: te.Tensor | None, bias: te.Tensor | None, to: str,
-                     name: str) -> te.Tensor:  # fmt: skip
-    """Requantize (compiler/tensor/ops/quantized.py, the same steps in the same order) of an NCHW16c int32 `acc`,
-    the multiplier, zero point and bias one value or one per channel (F' values, the padded channels' included)."""
+# x rounded half to even by the float32 adder itself: for |x| <= 2^22, x + 1.5 * 2^23 lies where the ulp is 1, so
+# the sum is round_half_even(x) + 1.5 * 2^23 and the difference that integer, exactly. x is first clamped to
+# ±2^22 (beyond, both saturate alike), which also keeps LLVM from contracting the product and the sum into one FMA
+# (one rounding where Requantize rounds the float32 product). Unlike round_half_even's selects, it leaves no branch
+# in which a reader's vectorized select must load the inlined accumulator, multiplier and bias under a lane mask
+# (a QLinearAdd reading the conv repeats its operand in each branch of its own rounding)
+ROUNDER = te.const(1.5 * 2.0**23, "float32")
+LIMIT = te.const(2.0**22, "float32")
 
-    def per(t: te.Tensor | None, fo: te.Expr, fi: te.Expr) -> te.Expr | None:
+
+def requantize_nchwc(acc: te.Tensor, ins: Sequence[te.Tensor | None], attrs: dict, name: str) -> te.Tensor:
+    """Requantize (compiler/tensor/ops/quantized.py, the same steps in the same order, its rounding as ROUNDER's
+    comment says: the same saturated results) of an NCHW16c int32 `acc`;
+    the multiplier, zero point and bias (`ins`, or attributes of the same names when one value) one value or one
+    per channel (F' values, the padded channels' included)."""
+    consts = {"multiplier": "float32", "zero_point": "float32", "bias": "int32"}
+
+    def per(t: te.Tensor | None, fo: te.Expr, fi: te.Expr, key: str) -> te.Expr | None:
         if t is None:
-            return None
+            return te.const(attrs[key], consts[key]) if key in attrs else None
         if t.ndim == 0:
             return t[()]
         if t.ndim == 1 and t.shape[0] == 1:
@@ -257,12 +268,17 @@ def requantize_nchwc(acc: te.Tensor, mult: te.Tensor, zero: te.Tensor | None, bi
             return t[fo * acc.shape[4] + fi]
         raise InvalidExpr(f"PackedConvInteger: {t.name} ({_dims(t)}) must be one value or one per channel")
 
+    mult, zero, bias = ins
+    if mult is None and "multiplier" not in attrs:
+        raise InvalidExpr(f"PackedConvInteger {name}: a Requantize (attribute to) needs a multiplier")
+
     def body(n, fo, y, x, fi):
-        b = per(bias, fo, fi)
+        b = per(bias, fo, fi, "bias")
         v = te.cast("float32", acc[n, fo, y, x, fi] if b is None else acc[n, fo, y, x, fi] + b)
-        q = round_half_even(v * per(mult, fo, fi))
-        z = per(zero, fo, fi)
-        return _saturate(q if z is None else q + te.cast("float32", z), to)
+        x = te.minimum(te.maximum(v * per(mult, fo, fi, "multiplier"), -LIMIT), LIMIT)
+        q = (x + ROUNDER) - ROUNDER
+        z = per(zero, fo, fi, "zero_point")
+        return _saturate(q if z is None else q + te.cast("float32", z), attrs["to"])
 
     return te.compute(acc.shape, body, name, "elemwise")
 
@@ -270,8 +286,9 @@ def requantize_nchwc(acc: te.Tensor, mult: te.Tensor, zero: te.Tensor | None, bi
 def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's PackedConvInteger(X, W, col?, w_zero?, multiplier?, zero_point?, bias?): ConvInteger by
     `int8_conv2d_nchwc` of data NCHW (u8 / s8) or NCHW16c (u8, `data_layout`), the weight packed by
-    `pack_int8_conv_weight`, its per-channel term `col` and the weight's zero point per output channel; with a
-    multiplier, the Requantize that read the conv (its `to`) computed on the NCHW16c accumulators. Attributes
+    `pack_int8_conv_weight`, its per-channel term `col` and the weight's zero point per output channel; with `to`,
+    the Requantize that read the conv computed on the NCHW16c accumulators (one-value parameters as attributes
+    multiplier, zero_point, bias). Attributes
     stride, padding, a_zero (the u8 data's zero point), channels (F); the result NCHW, or NCHW16c (`out_layout`)."""
     op = "PackedConvInteger"
     x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
@@ -283,8 +300,8 @@ def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     data = to_nchw4c(x, w.shape[1], attrs["a_zero"], name)
     stride, padding, a_zero = attrs["stride"], attrs["padding"], attrs["a_zero"]
     out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_acc", w_zero)
-    if mult is not None:
-        out = requantize_nchwc(out, mult, zero, bias, attrs["to"], f"{name}_q")
+    if "to" in attrs:
+        out = requantize_nchwc(out, (mult, zero, bias), attrs, f"{name}_q")
     if attrs.get("out_layout") == "NCHWc":
         return [out]
     return [nchwc_to_nchw(out, name, attrs["channels"])]
