@@ -355,6 +355,10 @@ def _run_tuning(tasks, args: argparse.Namespace, choices=(), graph=None) -> int:
     from tilefarm.progress import TuneProgress, budget_note, estimate_line
 
     target = _check_target(getattr(args, "target", "llvm"), runs_here=True)  # tune-kernel has no --target
+    if target.kind == "cuda":  # on a GPU, its records are keyed by the GPU, as the farm's GPU workers key theirs
+        from compiler.targets.cuda.fingerprint import tuning_target
+
+        target = tuning_target(target)
     if args.database:
         db = _open_database(args.database)
         db.describe_workloads(tasks)

@@ -13,7 +13,7 @@ from compiler.base.errors import InvalidTarget, TilefarmError
 from compiler.base.target import Target
 from compiler.targets.cuda import driver as cu
 from compiler.targets.cuda.codegen import ARCHS
-from compiler.targets.cuda.target import choices, cuda_target
+from compiler.targets.cuda.target import arch_of, choices, cuda_target
 
 NVIDIA_PROC_VERSION = Path("/proc/driver/nvidia/version")
 
@@ -134,3 +134,24 @@ def local_gpus(driver: DeviceQueries | None = None, proc_version: Path | None = 
         return [gpu_fingerprint(drv, k, proc_version or NVIDIA_PROC_VERSION) for k in range(count)]
     except TilefarmError:
         return []
+
+
+def tuning_target(target: Target, driver: DeviceQueries | None = None, proc_version: Path | None = None) -> Target:
+    """What tuning for cuda `target` on this host measures for: where the driver reports a GPU 0 (the one the runner
+    times on), that GPU's own Target, so its records are filed under the GPU's key as the farm's GPU workers file
+    theirs (compiled for `target`'s architecture where the GPU runs it); `target` itself where no driver loads (the
+    runner then refuses to measure). InvalidTarget where the GPU cannot run code of `target`'s architecture."""
+    try:
+        drv = driver if driver is not None else cu.Driver()
+    except TilefarmError:
+        return target
+    gpu = gpu_fingerprint(drv, 0, proc_version or NVIDIA_PROC_VERSION)
+    arch, own = arch_of(target), gpu.target()
+    if arch.name == own.mcpu:
+        return own
+    if arch.sm > int(own.mcpu[3:]):
+        raise InvalidTarget(
+            f"cannot tune for cuda -arch={arch.name} here: this host's GPU 0, {gpu}, runs code up to "
+            f'{own.mcpu} (tune with --target "cuda -arch={own.mcpu}")'
+        )
+    return replace(own, mcpu=arch.name, features=arch.features)
