@@ -239,7 +239,7 @@ def _reads_blocked(n: Node) -> bool:
 
 def _passes_through(n: Node, can: set[int]) -> bool:
     """A QLinearAdd of same-shape values, a Relu or a MaxPool whose data inputs could all be NCHW16c (`can`)."""
-    data = [v for v in n.inputs if v is not None and v.const is None]
+    data = [v for v in n.inputs if v is not None]  # a constant operand would need its own re-layout: none here
     if n.op not in _PASS_THROUGH or len(n.outputs) != 1 or not data or not all(id(v) in can for v in data):
         return False
     return n.op == "MaxPool" or all(v.shape == n.outputs[0].shape for v in data)
