@@ -277,3 +277,20 @@ def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates(monkey
     acc = np.einsum("nchw,fc->nfhw", feeds["x"].astype(np.int64) - 130, w[:, :, 0, 0].astype(np.int64))
     scaled = (acc + arrays["b"][None, :, None, None]) * mults.astype(np.float64)[None, :, None, None]
     assert (scaled % 1 == 0.5).sum() > 10 and (np.abs(scaled) > 2**22).sum() > 10  # the inputs reach both edges
+
+
+def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path, monkeypatch):
+    from tilefarm.examples import EXAMPLES
+
+    fp32 = EXAMPLES["resnet18"]()
+    for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_value = 32
+    model = _quantize(tmp_path, fp32, (1, 3, 32, 32), True, QuantType.QUInt8, QuantType.QInt8)
+    _compare(monkeypatch, model, (1, 3, 32, 32), runs=1)
+    g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
+    ops = Counter(n.op for n in g.nodes)
+    assert ops["PackedConvInteger"] == 20 and ops["ConvInteger"] == 0 and ops["PackedMatMulInteger"] == 1
+    (pool,) = [n for n in g.nodes if n.op == "MaxPool"]
+    assert pool.attrs["layout"] == "NCHWc"
+    # one conversion back: the last residual add's shortcut (the add feeds the global pool, which reads NCHW)
+    assert ops["NCHWcToNCHW"] == 1
