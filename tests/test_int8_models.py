@@ -294,3 +294,15 @@ def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path, mo
     assert pool.attrs["layout"] == "NCHWc"
     # one conversion back: the last residual add's shortcut (the add feeds the global pool, which reads NCHW)
     assert ops["NCHWcToNCHW"] == 1
+
+
+def test_route_turns_off_by_disable_pass(tmp_path):
+    from compiler.artifact.build import build
+    from compiler.artifact.runtime import Artifact
+
+    g = load(_integer_conv("uint8", 201, 0, 2, (2, 2, 2, 2)))
+    assert "ConvInteger" in {n.op for n in optimize(g, ROUTE).nodes}
+    build(g, tmp_path / "off.tar", name="off", disabled_passes=ROUTE)
+    feeds = {"x": RNG.integers(0, 256, (2, 6, 9, 11)).astype(np.uint8)}
+    off = Artifact.load(tmp_path / "off.tar").run(feeds)["y"]
+    np.testing.assert_array_equal(run_in_process(g, feeds)["y"], off)
