@@ -171,10 +171,10 @@ def test_conv_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act
     assert sum(n.op == "NCHWcToNCHW" for n in g.nodes) == 0
 
 
-def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: int = 1) -> onnx.ModelProto:
+def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: int = 1, filters: int = 18):
     """x (x_dtype, zero point x_zero) → ConvInteger with an int8 weight → int32 y."""
     c = 6
-    w = RNG.integers(-128, 128, (18, c // group, 3, 3)).astype(np.int8)
+    w = RNG.integers(-128, 128, (filters, c // group, 3, 3)).astype(np.int8)
     arrays = {"w": w, "xz": np.array(x_zero, x_dtype), "wz": np.asarray(w_zero, np.int8)}
     node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=list(pads), strides=[stride] * 2,
                             group=group)  # fmt: skip
@@ -188,13 +188,16 @@ def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: i
 
 
 @pytest.mark.parametrize(
-    "x_dtype, x_zero, w_zero, stride, pads, packed",
-    [("uint8", 0, 0, 1, (1, 1, 1, 1), True), ("uint8", 201, 0, 2, (2, 2, 2, 2), True),
-     ("int8", -77, 0, 1, (0, 0, 0, 0), True), ("uint8", 3, 5, 1, (1, 1, 1, 1), True),
-     ("uint8", 3, 0, 1, (1, 0, 1, 0), False)],
+    "x_dtype, x_zero, w_zero, stride, pads, group, packed",
+    [("uint8", 0, 0, 1, (1, 1, 1, 1), 1, True), ("uint8", 201, 0, 2, (2, 2, 2, 2), 1, True),
+     ("int8", -77, 0, 1, (0, 0, 0, 0), 1, True), ("uint8", 3, 5, 1, (1, 1, 1, 1), 1, True),
+     ("uint8", 3, 0, 1, (1, 0, 1, 0), 1, False),
+     # depthwise (6 channels in a block of 16), per-channel weight zero points; s8 data
+     ("uint8", 250, [3, -128, 127, 0, 9, -1], 2, (1, 1, 1, 1), 6, True), ("int8", 100, 4, 1, (2, 2, 2, 2), 6, True),
+     ("uint8", 7, 0, 1, (0, 1, 0, 1), 6, False)],
 )  # fmt: skip
-def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zero, w_zero, stride, pads, packed):
-    model = _integer_conv(x_dtype, x_zero, w_zero, stride, pads)
+def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zero, w_zero, stride, pads, group, packed):
+    model = _integer_conv(x_dtype, x_zero, w_zero, stride, pads, group, 6 if group > 1 else 18)
     g = load(model)
     assert ("PackedConvInteger" in {n.op for n in optimize(g).nodes}) == packed
     lo, hi = (0, 256) if x_dtype == "uint8" else (-128, 128)
@@ -202,7 +205,7 @@ def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zer
         feeds = {"x": x.astype(x_dtype)}
         got = run_in_process(g, feeds)["y"]
         np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
-        if x_dtype == "uint8":  # onnxruntime's ConvInteger takes uint8 data only
+        if x_dtype == "uint8" and np.ndim(w_zero) == 0:  # onnxruntime's ConvInteger: uint8 data, one weight zero
             want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
             np.testing.assert_array_equal(got, want[0])
 
@@ -277,6 +280,22 @@ def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates(monkey
     acc = np.einsum("nchw,fc->nfhw", feeds["x"].astype(np.int64) - 130, w[:, :, 0, 0].astype(np.int64))
     scaled = (acc + arrays["b"][None, :, None, None]) * mults.astype(np.float64)[None, :, None, None]
     assert (scaled % 1 == 0.5).sum() > 10 and (np.abs(scaled) > 2**22).sum() > 10  # the inputs reach both edges
+
+
+def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path, monkeypatch):
+    from tilefarm.examples import EXAMPLES
+
+    fp32 = EXAMPLES["mobilenetv2"]()
+    for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_value = 32
+    model = _quantize(tmp_path, fp32, (1, 3, 32, 32), True, QuantType.QUInt8, QuantType.QInt8)
+    _compare(monkeypatch, model, (1, 3, 32, 32), runs=1)
+    g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
+    convs = [n for n in g.nodes if n.op == "PackedConvInteger"]
+    assert not {"ConvInteger", "MatMulInteger"} & {n.op for n in g.nodes}
+    assert sum("group" in n.attrs for n in convs) == 17  # the depthwise ones
+    # depthwise convs read and write NCHW16c where their neighbours' channels fill blocks of 16 (not 24)
+    assert sum(n.attrs.get("data_layout") == n.attrs.get("out_layout") == "NCHWc" for n in convs if "group" in n.attrs)
 
 
 def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path, monkeypatch):

@@ -8,10 +8,14 @@ at compile time for the 4-wide u8 x s8 dot product (`vpdpbusd`), zero points fol
   the data) becomes a PackedConvInteger(X, W, col, w_zero), the weight F'/16 x C'/4 x KH x KW x 16 x 4
   (`pack_int8_conv_weight`); a weight zero point is subtracted times each window's data sum. Its kernel reads
   NCHW4c u8 data and accumulates NCHW16c int32; the node takes NCHW data and gives NCHW, the two moves being stages
-  of its own task, so each is placed once, at the conv.
+  of its own task, so each is placed once, at the conv. A depthwise one (group = channels) becomes one too
+  (attribute `group`): its weight minus its zero point as int32 C'/16 x KH x KW x 16, its data minus its zero
+  point, the products summed in int32 over 16 channel lanes (no channel sum: no 4-wide dot product to use);
+- `propagate_int8_nchwc`: u8 values stay NCHW16c between such convs (see its docstring).
 
-Anything the kernels cannot compute exactly (a non-constant weight, grouped, dilated or unevenly padded convs, a
-run-time zero point of a conv's data) is left to the generic integer ops, which compute the same numbers.
+Anything the kernels cannot compute exactly (a non-constant weight, grouped convs other than depthwise ones,
+dilated or unevenly padded convs, a run-time zero point of a conv's data) is left to the generic integer ops, which
+compute the same numbers.
 """
 
 from __future__ import annotations
@@ -129,10 +133,9 @@ def pack_integer_matmuls(g: Graph) -> Graph:
     return Graph(g.inputs, g.outputs, nodes, g.name)
 
 
-def _conv_geometry(n: Node) -> tuple[int, int] | None:
-    """(stride, padding) of a 2-D ConvInteger the NCHWc kernel computes: one group, dilation 1, the same stride on
-    both axes and the same padding on all four sides."""
-    a = n.attrs
+def _conv_geometry(a: dict) -> tuple[int, int] | None:
+    """(stride, padding) of a 2-D ConvInteger (attributes `a`) the NCHWc kernel computes: one group, dilation 1, the
+    same stride on both axes and the same padding on all four sides."""
     strides, pads = tuple(a.get("strides") or (1, 1)), tuple(a.get("pads") or (0, 0, 0, 0))
     if a.get("group", 1) != 1 or tuple(a.get("dilations") or (1, 1)) != (1, 1):
         return None
@@ -141,12 +144,47 @@ def _conv_geometry(n: Node) -> tuple[int, int] | None:
     return strides[0], pads[0]
 
 
+def _depthwise(n: Node) -> bool:
+    """A ConvInteger with one filter per input channel (MobileNet's depthwise convs)."""
+    w = n.inputs[1]
+    group = n.attrs.get("group", 1)
+    return w is not None and group > 1 and group == w.shape[0] == n.inputs[0].shape[1] and w.shape[1] == 1
+
+
+def pack_int8_depthwise_weight(w: np.ndarray, w_zero) -> np.ndarray:
+    """A depthwise weight C x 1 x KH x KW (int8 / uint8) minus its zero point (one or per channel), as int32
+    C'/16 x KH x KW x 16 (C' = C rounded up to 16, zeros past C)."""
+    C, _, KH, KW = w.shape
+    shifted = w[:, 0].astype(np.int32) - np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (C,))[:, None, None]
+    full = np.zeros((-(-C // COLUMNS) * COLUMNS, KH, KW), np.int32)
+    full[:C] = shifted
+    return np.ascontiguousarray(full.reshape(-1, COLUMNS, KH, KW).transpose(0, 2, 3, 1))
+
+
+def _packed_depthwise(n: Node, stride: int, padding: int, za: int) -> Node | None:
+    """A depthwise ConvInteger as a PackedConvInteger whose weight is (w - zw) in int32, C'/16 x KH x KW x 16: with
+    no channel reduction there is no 4-wide dot product, and the 16 channels of a block are one int32 vector."""
+    x, w = n.inputs[0], n.inputs[1]
+    w_zp = n.inputs[3] if len(n.inputs) > 3 else None
+    zw = np.zeros(1, np.int32) if w_zp is None else w_zp.const
+    if zw is None or zw.size not in (1, w.shape[0]):
+        return None
+    packed = pack_int8_depthwise_weight(w.const, zw)
+    za_u8 = za + (128 if x.dtype == "int8" else 0)
+    attrs = {"stride": stride, "padding": padding, "a_zero": za_u8, "channels": w.shape[0], "group": w.shape[0]}
+    return replace(n, op="PackedConvInteger", inputs=(x, _const(f"{w.name}_dw16", packed)), attrs=attrs)
+
+
 def _packed_conv(n: Node) -> Node | None:
     x, w = n.inputs[0], n.inputs[1]
     x_zp, w_zp = (n.inputs[i] if len(n.inputs) > i else None for i in (2, 3))
     if x is None or w is None or w.const is None or len(x.shape) != 4 or len(w.shape) != 4:
         return None
-    geometry, za = _conv_geometry(n), _one_value(x_zp)
+    if _depthwise(n) and x.dtype in _QUANTIZED and w.dtype in _QUANTIZED:
+        geometry = _conv_geometry({**n.attrs, "group": 1})
+        za = _one_value(x_zp)
+        return None if geometry is None or za is None else _packed_depthwise(n, *geometry, za)
+    geometry, za = _conv_geometry(n.attrs), _one_value(x_zp)
     if geometry is None or za is None or x.dtype not in _QUANTIZED or w.dtype not in _QUANTIZED:
         return None
     zw = np.zeros(1, np.int32) if w_zp is None else w_zp.const
@@ -233,8 +271,12 @@ def _requantized_conv(n: Node) -> bool:
 
 
 def _reads_blocked(n: Node) -> bool:
-    """A PackedConvInteger whose input channels fill whole blocks of 16 (its weight's C'/4 blocks of 4 then match)."""
-    return n.op == "PackedConvInteger" and n.inputs[1].shape[1] * DOT % CONV_BLOCK == 0 and n.inputs[0].dtype == "uint8"
+    """A PackedConvInteger of u8 data whose input channels fill whole blocks of 16 (its weight's C'/4 blocks of 4
+    then match; a depthwise one's channels are its filters)."""
+    if n.op != "PackedConvInteger" or n.inputs[0].dtype != "uint8":
+        return False
+    channels = n.attrs["channels"] if "group" in n.attrs else n.inputs[1].shape[1] * DOT
+    return channels % CONV_BLOCK == 0
 
 
 def _passes_through(n: Node, can: set[int]) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "pack_int8_weight",
     "packed_conv_integer",
     "packed_matmul_integer",
+    "depthwise_int8_nchwc",
 ]
 Ins = Sequence[te.Tensor | None]
 
@@ -283,6 +284,49 @@ def requantize_nchwc(acc: te.Tensor, ins: Sequence[te.Tensor | None], attrs: dic
     return te.compute(acc.shape, body, name, "elemwise")
 
 
+def depthwise_int8_nchwc(x: te.Tensor, w: te.Tensor, stride: int, padding: int, a_zero: int, name: str) -> te.Tensor:
+    """A depthwise ConvInteger on 16 channel lanes: data NCHW (u8 / s8) or NCHW16c (u8) with the u8 zero point
+    `a_zero`, taken as int32(x) - zero point (0 in the padding), times the int32 weight C'/16 x KH x KW x 16 already
+    minus its zero point (`pack_int8_depthwise_weight`); int32 N x C'/16 x OH x OW x 16."""
+    op = "PackedConvInteger"
+    _dtype_in(op, w, ("int32",))
+    CB, KH, KW, _ = w.shape
+    if x.ndim == 5:
+        _dtype_in(op, x, ("uint8",))
+        N, H, W, C = x.shape[0], x.shape[2], x.shape[3], x.shape[1] * x.shape[4]
+        if x.shape[1] != CB or x.shape[4] != COLUMNS:
+            raise InvalidExpr(f"{op}: data {_dims(x)} must be N x {CB} x H x W x {COLUMNS} for w {_dims(w)}")
+    else:
+        _dtype_in(op, x, ("uint8", "int8"))
+        N, C, H, W = x.shape
+        if not (CB - 1) * COLUMNS < C <= CB * COLUMNS:
+            raise InvalidExpr(f"{op}: data {_dims(x)} has not the {CB * COLUMNS} channels of w {_dims(w)}")
+    zero = a_zero - (128 if x.dtype == "int8" else 0)  # the zero point of x as it is
+
+    def body(n, cb, y, xx, ci):
+        ch = cb * COLUMNS + ci
+        iy, ix = y - padding, xx - padding
+        inside = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+        if x.ndim == 5:
+            v = x[n, cb, iy, ix, ci]
+        else:
+            inside = inside & (ch < C) if C % COLUMNS else inside
+            v = x[n, te.minimum(ch, te.const(C - 1, ch.dtype)) if C % COLUMNS else ch, iy, ix]
+        return te.select(inside, te.cast("int32", v) - zero, te.const(0, "int32"))
+
+    src = te.compute((N, CB, H + 2 * padding, W + 2 * padding, COLUMNS), body, f"{name}_pad", "injective,pad")
+    OH, OW = (H + 2 * padding - KH) // stride + 1, (W + 2 * padding - KW) // stride + 1
+    ky, kx = te.reduce_axis(KH, "ky"), te.reduce_axis(KW, "kx")
+    return te.compute(
+        (N, CB, OH, OW, COLUMNS),
+        lambda n, cb, y, xx, ci: te.sum(
+            src[n, cb, y * stride + ky, xx * stride + kx, ci] * w[cb, ky, kx, ci], axis=(ky, kx)
+        ),
+        name,
+        "depthwise_conv2d_nchwc",
+    )
+
+
 def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     """tilefarm's PackedConvInteger(X, W, col?, w_zero?, multiplier?, zero_point?, bias?): ConvInteger by
     `int8_conv2d_nchwc` of data NCHW (u8 / s8) or NCHW16c (u8, `data_layout`), the weight packed by
@@ -293,13 +337,17 @@ def packed_conv_integer(ins: Ins, attrs: dict, name: str) -> list[te.Tensor]:
     op = "PackedConvInteger"
     x, w = _input(op, ins, 0, "X"), _input(op, ins, 1, "W")
     col, w_zero, mult, zero, bias = (ins[i] if len(ins) > i else None for i in range(2, 7))
-    if w.ndim != 6:
-        raise InvalidExpr(f"{op}: w {_dims(w)} must be F/16 x C/4 x KH x KW x 16 x 4")
+    if w.ndim != (4 if "group" in attrs else 6):
+        want = "C/16 x KH x KW x 16 (depthwise)" if "group" in attrs else "F/16 x C/4 x KH x KW x 16 x 4"
+        raise InvalidExpr(f"{op}: w {_dims(w)} must be {want}")
     if (x.ndim == 5) != (attrs.get("data_layout") == "NCHWc"):
         raise InvalidExpr(f"{op}: data {_dims(x)} does not match data_layout {attrs.get('data_layout', 'NCHW')}")
-    data = to_nchw4c(x, w.shape[1], attrs["a_zero"], name)
     stride, padding, a_zero = attrs["stride"], attrs["padding"], attrs["a_zero"]
-    out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_acc", w_zero)
+    if "group" in attrs:
+        out = depthwise_int8_nchwc(x, w, stride, padding, a_zero, f"{name}_acc")
+    else:
+        data = to_nchw4c(x, w.shape[1], a_zero, name)
+        out = int8_conv2d_nchwc(data, w, col, stride, padding, a_zero, f"{name}_acc", w_zero)
     if "to" in attrs:
         out = requantize_nchwc(out, (mult, zero, bias), attrs, f"{name}_q")
     if attrs.get("out_layout") == "NCHWc":
