@@ -13,9 +13,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
+from onnxruntime.quantization import QuantType
 
-import compiler.model.optimize as optimize_module
 from compiler.artifact.build import run_in_process
 from compiler.model.fusion import fuse
 from compiler.model.graph import Graph
@@ -23,39 +22,17 @@ from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls
 from compiler.model.onnx_import import load
 from compiler.model.optimize import optimize
 from compiler.tensor.tasks import plan_tasks
+from tests.quantized_models import quantize_qdq
 
 RNG = np.random.default_rng(8052)
 ROUTE = ("pack_integer_matmuls", "pack_integer_convs", "propagate_int8_nchwc")
 PACKED = {"PackedMatMulInteger", "PackedConvInteger"}
 
 
-class _Calibration(CalibrationDataReader):
-    def __init__(self, name: str, arrays: list[np.ndarray]):
-        self.feeds = iter([{name: a} for a in arrays])
-
-    def get_next(self):
-        return next(self.feeds, None)
-
-
-def _quantize(tmp_path, model: onnx.ModelProto, shape, per_channel: bool, act: QuantType, weight: QuantType):
-    """`model` quantized by quantize_static in QDQ form after onnxruntime's pre-processing, calibrated on 4
-    synthetic inputs."""
-    name = model.graph.input[0].name
-    src, pre, out = tmp_path / "f.onnx", tmp_path / "pre.onnx", tmp_path / "q.onnx"
-    onnx.save(model, str(src))
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-    calib = [RNG.standard_normal(shape).astype(np.float32) for _ in range(4)]
-    quantize_static(str(pre), str(out), _Calibration(name, calib), quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel, activation_type=act, weight_type=weight)  # fmt: skip
-    return onnx.load(str(out))
-
-
-def _generic(monkeypatch, g: Graph, feeds: dict) -> dict[str, np.ndarray]:
-    """`g` run with the route's passes left out of the pipeline: the generic integer ops."""
-    with monkeypatch.context() as m:
-        m.setattr(optimize_module, "PASSES", [p for p in optimize_module.PASSES if p[0] not in ROUTE])
-        assert not PACKED & {n.op for n in optimize(g).nodes}
-        return run_in_process(g, feeds)
+def _generic(g: Graph, feeds: dict) -> dict[str, np.ndarray]:
+    """`g` run with the route's passes left out: the generic integer ops."""
+    assert not PACKED & {n.op for n in optimize(g, disabled=ROUTE).nodes}
+    return run_in_process(g, feeds, disabled_passes=ROUTE)
 
 
 def _packed_tasks(g: Graph) -> Counter:
@@ -66,7 +43,7 @@ def _packed_tasks(g: Graph) -> Counter:
     return groups
 
 
-def _compare(monkeypatch, model: onnx.ModelProto, shape, runs: int = 2, with_ort: bool = True) -> Counter:
+def _compare(model: onnx.ModelProto, shape, runs: int = 2, with_ort: bool = True) -> Counter:
     """Route on against route off (bit for bit) and against onnxruntime (`with_ort`); the packed groups."""
     name = model.graph.input[0].name
     g = load(model, {name: list(shape)})
@@ -74,7 +51,7 @@ def _compare(monkeypatch, model: onnx.ModelProto, shape, runs: int = 2, with_ort
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for _ in range(runs):
         feeds = {name: RNG.standard_normal(shape).astype(np.float32)}
-        got, want = run_in_process(g, feeds), _generic(monkeypatch, g, feeds)
+        got, want = run_in_process(g, feeds), _generic(g, feeds)
         for o in model.graph.output:
             np.testing.assert_array_equal(got[o.name], want[o.name])
         if with_ort:
@@ -117,9 +94,9 @@ QUANT_CASES = [
 
 
 @pytest.mark.parametrize("per_channel, act, weight", QUANT_CASES)
-def test_matmul_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act, weight):
-    model = _quantize(tmp_path, _matmul_net(), (2, 3, 37), per_channel, act, weight)
-    groups = _compare(monkeypatch, model, (2, 3, 37), runs=3, with_ort=act == QuantType.QUInt8)
+def test_matmul_net_takes_the_packed_route(tmp_path, per_channel, act, weight):
+    model = quantize_qdq(tmp_path, _matmul_net(), (2, 3, 37), RNG, per_channel, act, weight)
+    groups = _compare(model, (2, 3, 37), runs=3, with_ort=act == QuantType.QUInt8)
     # every product packed (per-column u8 weight zero points too: the kernel subtracts zw[n] * row sums), each with
     # its Requantize in the same task
     assert sum(groups.values()) == 3
@@ -151,9 +128,9 @@ def _conv_net() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("per_channel, act, weight", QUANT_CASES)
-def test_conv_net_takes_the_packed_route(tmp_path, monkeypatch, per_channel, act, weight):
-    model = _quantize(tmp_path, _conv_net(), (2, 3, 14, 14), per_channel, act, weight)
-    groups = _compare(monkeypatch, model, (2, 3, 14, 14), with_ort=act == QuantType.QUInt8)
+def test_conv_net_takes_the_packed_route(tmp_path, per_channel, act, weight):
+    model = quantize_qdq(tmp_path, _conv_net(), (2, 3, 14, 14), RNG, per_channel, act, weight)
+    groups = _compare(model, (2, 3, 14, 14), with_ort=act == QuantType.QUInt8)
     # every conv packed (a u8 weight's zero points too: subtracted times each window's data sum), and the matmul
     assert sum(ops.count("PackedConvInteger") for ops in groups.elements()) == 4
     assert sum(ops.count("PackedMatMulInteger") for ops in groups.elements()) == 1
@@ -196,7 +173,7 @@ def _integer_conv(x_dtype: str, x_zero: int, w_zero, stride: int, pads, group: i
      ("uint8", 250, [3, -128, 127, 0, 9, -1], 2, (1, 1, 1, 1), 6, True), ("int8", 100, 4, 1, (2, 2, 2, 2), 6, True),
      ("uint8", 7, 0, 1, (0, 1, 0, 1), 6, False)],
 )  # fmt: skip
-def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zero, w_zero, stride, pads, group, packed):
+def test_conv_integer_packed_exactly_or_left_generic(x_dtype, x_zero, w_zero, stride, pads, group, packed):
     model = _integer_conv(x_dtype, x_zero, w_zero, stride, pads, group, 6 if group > 1 else 18)
     g = load(model)
     assert ("PackedConvInteger" in {n.op for n in optimize(g).nodes}) == packed
@@ -204,7 +181,7 @@ def test_conv_integer_packed_exactly_or_left_generic(monkeypatch, x_dtype, x_zer
     for x in (RNG.integers(lo, hi, (2, 6, 9, 11)), np.full((2, 6, 9, 11), hi - 1), np.full((2, 6, 9, 11), lo)):
         feeds = {"x": x.astype(x_dtype)}
         got = run_in_process(g, feeds)["y"]
-        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+        np.testing.assert_array_equal(got, _generic(g, feeds)["y"])
         if x_dtype == "uint8" and np.ndim(w_zero) == 0:  # onnxruntime's ConvInteger: uint8 data, one weight zero
             want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
             np.testing.assert_array_equal(got, want[0])
@@ -231,7 +208,7 @@ def _integer_matmul(a_dtype: str, w_dtype: str, a_zero_input: bool) -> onnx.Mode
 @pytest.mark.parametrize("a_dtype, w_dtype, a_zero_input",
                          [("uint8", "int8", False), ("uint8", "uint8", True), ("int8", "int8", True),
                           ("int8", "uint8", False)])  # fmt: skip
-def test_matmul_integer_zero_points_packed_exactly(monkeypatch, a_dtype, w_dtype, a_zero_input):
+def test_matmul_integer_zero_points_packed_exactly(a_dtype, w_dtype, a_zero_input):
     g = load(_integer_matmul(a_dtype, w_dtype, a_zero_input))
     assert "PackedMatMulInteger" in {n.op for n in optimize(g).nodes}
     lo, hi = (0, 256) if a_dtype == "uint8" else (-128, 128)
@@ -240,7 +217,7 @@ def test_matmul_integer_zero_points_packed_exactly(monkeypatch, a_dtype, w_dtype
         if a_zero_input:
             feeds["az"] = np.array(az, a_dtype)
         got = run_in_process(g, feeds)["y"]
-        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+        np.testing.assert_array_equal(got, _generic(g, feeds)["y"])
 
 
 def test_passes_leave_what_they_cannot_pack():
@@ -254,7 +231,7 @@ def test_passes_leave_what_they_cannot_pack():
     assert [n.op for n in pack_integer_matmuls(g).nodes] == ["MatMulInteger"]
 
 
-def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates(monkeypatch):
+def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates():
     # QLinearConv (1x1, 16 filters) whose multipliers x_scale * w_scale / y_scale are 0.5 and 0.25 (every odd
     # accumulator a tie), 3.75, and 2^14 and -2^14 (products far past 2^22: saturated both ways)
     mults = np.array([0.5, 0.25, 3.75, 2.0**14, -(2.0**14)] * 3 + [0.5], np.float32)
@@ -275,21 +252,21 @@ def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates(monkey
     for _ in range(3):
         feeds = {"x": RNG.integers(0, 256, (1, 8, 5, 6)).astype(np.uint8)}
         got = run_in_process(g, feeds)["y"]
-        np.testing.assert_array_equal(got, _generic(monkeypatch, g, feeds)["y"])
+        np.testing.assert_array_equal(got, _generic(g, feeds)["y"])
         np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
     acc = np.einsum("nchw,fc->nfhw", feeds["x"].astype(np.int64) - 130, w[:, :, 0, 0].astype(np.int64))
     scaled = (acc + arrays["b"][None, :, None, None]) * mults.astype(np.float64)[None, :, None, None]
     assert (scaled % 1 == 0.5).sum() > 10 and (np.abs(scaled) > 2**22).sum() > 10  # the inputs reach both edges
 
 
-def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path, monkeypatch):
+def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path):
     from tilefarm.examples import EXAMPLES
 
     fp32 = EXAMPLES["mobilenetv2"]()
     for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
         d.dim_value = 32
-    model = _quantize(tmp_path, fp32, (1, 3, 32, 32), True, QuantType.QUInt8, QuantType.QInt8)
-    _compare(monkeypatch, model, (1, 3, 32, 32), runs=1)
+    model = quantize_qdq(tmp_path, fp32, (1, 3, 32, 32), RNG, True, QuantType.QUInt8, QuantType.QInt8)
+    _compare(model, (1, 3, 32, 32), runs=1)
     g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
     convs = [n for n in g.nodes if n.op == "PackedConvInteger"]
     assert not {"ConvInteger", "MatMulInteger"} & {n.op for n in g.nodes}
@@ -298,14 +275,14 @@ def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path, monkeypatch):
     assert sum(n.attrs.get("data_layout") == n.attrs.get("out_layout") == "NCHWc" for n in convs if "group" in n.attrs)
 
 
-def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path, monkeypatch):
+def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path):
     from tilefarm.examples import EXAMPLES
 
     fp32 = EXAMPLES["resnet18"]()
     for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
         d.dim_value = 32
-    model = _quantize(tmp_path, fp32, (1, 3, 32, 32), True, QuantType.QUInt8, QuantType.QInt8)
-    _compare(monkeypatch, model, (1, 3, 32, 32), runs=1)
+    model = quantize_qdq(tmp_path, fp32, (1, 3, 32, 32), RNG, True, QuantType.QUInt8, QuantType.QInt8)
+    _compare(model, (1, 3, 32, 32), runs=1)
     g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
     ops = Counter(n.op for n in g.nodes)
     assert ops["PackedConvInteger"] == 20 and ops["ConvInteger"] == 0 and ops["PackedMatMulInteger"] == 1

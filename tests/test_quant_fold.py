@@ -14,37 +14,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
+from onnxruntime.quantization import QuantType
 
 from compiler.artifact.build import run_in_process
 from compiler.model.onnx_import import load
 from compiler.model.optimize import optimize
 from compiler.model.quant_fold import fold_qdq
+from tests.quantized_models import quantize_qdq
 from tilefarm.examples import EXAMPLES
 
 RNG = np.random.default_rng(5252)
 FLOAT_PRODUCTS = {"Conv", "MatMul", "Gemm", "BlockedConv", "WinogradConv", "PackedMatMul", "GlobalAveragePool"}
-
-
-class _Calibration(CalibrationDataReader):
-    def __init__(self, name: str, arrays: list[np.ndarray]):
-        self.feeds = iter([{name: a} for a in arrays])
-
-    def get_next(self):
-        return next(self.feeds, None)
-
-
-def _quantize(tmp_path, model: onnx.ModelProto, shape, per_channel=True, act=QuantType.QInt8, weight=QuantType.QInt8):
-    """`model` (input "x" or "input" of `shape`) quantized by quantize_static in QDQ form, after onnxruntime's
-    pre-processing (BatchNormalization folded into the convs), calibrated on 4 synthetic inputs."""
-    name = model.graph.input[0].name
-    src, pre, out = tmp_path / "f.onnx", tmp_path / "pre.onnx", tmp_path / "q.onnx"
-    onnx.save(model, str(src))
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-    calib = [RNG.standard_normal(shape).astype(np.float32) for _ in range(4)]
-    quantize_static(str(pre), str(out), _Calibration(name, calib), quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel, activation_type=act, weight_type=weight)  # fmt: skip
-    return onnx.load(str(out))
 
 
 def _check(model: onnx.ModelProto, shape, runs: int = 2) -> Counter:
@@ -73,7 +53,7 @@ def _small_input(model: onnx.ModelProto, size: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("example", ["resnet18", "mobilenetv2"])
 def test_qdq_example_net_folds_and_equals_onnxruntime(tmp_path, example):
     # uint8 activations (U8S8): onnxruntime fuses every chain into its integer ops, and so does fold_qdq
-    model = _quantize(tmp_path, _small_input(EXAMPLES[example](), 48), (1, 3, 48, 48), act=QuantType.QUInt8)
+    model = quantize_qdq(tmp_path, _small_input(EXAMPLES[example](), 48), (1, 3, 48, 48), RNG, act=QuantType.QUInt8)
     ops = _check(model, (1, 3, 48, 48))
     convs = sum(n.op_type == "Conv" for n in model.graph.node)
     adds = sum(n.op_type == "Add" for n in model.graph.node)
@@ -85,7 +65,7 @@ def test_qdq_example_net_folds_and_equals_onnxruntime(tmp_path, example):
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["resnet18", "mobilenetv2"])
 def test_qdq_example_net_at_224(tmp_path, example):
-    model = _quantize(tmp_path, EXAMPLES[example](), (1, 3, 224, 224), act=QuantType.QUInt8)
+    model = quantize_qdq(tmp_path, EXAMPLES[example](), (1, 3, 224, 224), RNG, act=QuantType.QUInt8)
     _check(model, (1, 3, 224, 224), runs=2)
 
 
@@ -118,7 +98,7 @@ def _conv_net() -> onnx.ModelProto:
      (False, QuantType.QInt8, QuantType.QInt8), (True, QuantType.QUInt8, QuantType.QUInt8)],
 )  # fmt: skip
 def test_conv_pool_matmul_net_per_tensor_and_per_channel_int8_and_uint8(tmp_path, per_channel, act, weight):
-    model = _quantize(tmp_path, _conv_net(), (2, 3, 12, 12), per_channel, act, weight)
+    model = quantize_qdq(tmp_path, _conv_net(), (2, 3, 12, 12), RNG, per_channel, act, weight)
     ops = _check(model, (2, 3, 12, 12), runs=3)
     assert ops["ConvInteger"] == 2 and ops["MatMulInteger"] == 1 and ops["ReduceSum"] == 1
     if act == QuantType.QUInt8:

@@ -260,14 +260,17 @@ def compile_model(
 
 
 def run_in_process(
-    graph: Graph, inputs: dict[str, np.ndarray], records: Database | None = None
+    graph: Graph,
+    inputs: dict[str, np.ndarray],
+    records: Database | None = None,
+    disabled_passes: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Run a graph with JIT-compiled kernels and numpy buffers, no library or linker: the fast path for testing
-    many small models (the conformance suite). Same tasks, schedules and plan as `build`; If and Loop run here in
-    Python as the entry runs them in C."""
+    many small models (the conformance suite). Same tasks, schedules and plan as `build` (`disabled_passes` as
+    there); If and Loop run here in Python as the entry runs them in C."""
     host = host_target()
     backend = backend_for(host)
-    tasks, calls, optimized, _, prefer = _plan(graph, records, host)
+    tasks, calls, optimized, _, prefer = _plan(graph, records, host, check_disabled(disabled_passes))
     states, _ = schedule_tasks(tasks, records, host, prefer)
     funcs = [lower(st, kernel_name(t)) for t, st in zip(tasks, states)]
     # a graph that folded to constants has no kernel to compile
