@@ -1,7 +1,8 @@
 """Graph IR: typed values, nodes in topological order, constants as numpy arrays, a text printer.
 
 Nodes use ONNX operator names (`Conv`, `MatMul`, `Add`, …) plus a few of tilefarm's own made by passes (`Dense`,
-`BlockedConv`, `WinogradConv`, `NCHWcToNCHW`).
+`BlockedConv`, `WinogradConv`, `NCHWcToNCHW`, `PackedMatMul`, `Requantize`, and the integer route's
+`PackedMatMulInteger` and `PackedConvInteger`, described in `compiler.model.int8_layout`).
 The frontend normalizes every node so that later stages never look at ONNX again:
 
 - attributes are ONNX's, with every default filled in and spelled out as plain Python values (ints, floats,
