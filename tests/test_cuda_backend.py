@@ -355,6 +355,7 @@ class FakeDriver:
     logs the calls that matter to the timing (`calls`)."""
 
     def __init__(self, computes=None, crash_on: bytes | None = None, l2_bytes: int = 1 << 20):
+        # computes: image -> function, or the launch's buffer sizes (bytes, in order) -> function for any image
         self.computes, self.crash_on, self.l2_bytes = computes or {}, crash_on, l2_bytes
         self.images, self.functions, self.memory, self.calls = {}, {}, {}, []
 
@@ -385,8 +386,9 @@ class FakeDriver:
         if image == self.crash_on:
             raise KernelCrashed("cuLaunchKernel", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
         self.calls.append("launch")
-        if image in self.computes:
-            self.computes[image]([self.memory[p.address].view(np.float32) for p in args])
+        compute = self.computes.get(image) or self.computes.get(tuple(p.nbytes for p in args))
+        if compute is not None:
+            compute([self.memory[p.address].view(np.float32) for p in args])
 
     def alloc(self, nbytes):
         from compiler.targets.cuda.driver import DevicePointer
@@ -601,6 +603,87 @@ def test_local_gpus_are_none_where_no_driver_loads(monkeypatch):
 
     monkeypatch.setattr(cu, "Driver", no_driver)
     assert local_gpus() == []
+
+
+# ---------------------------------------------------------------------------------------------- tune on a GPU
+
+
+@pytest.mark.skipif(HAS_DRIVER, reason="this host has a CUDA driver")
+def test_tune_for_cuda_on_a_gpu_files_records_under_the_gpus_key(encoder, tmp_path, ptxas, monkeypatch, capsys):
+    """Where the driver loads (a fake H200 here), `tilefarm tune --target cuda` measures for that GPU's own Target:
+    the builder builds for its architecture and every record is filed under the GPU's key (what a GPU worker files
+    under), not the architecture's; the batched matmul's candidates, which the fake computes, pass the CPU check."""
+    import functools
+
+    from compiler.costs.records import read_records
+    from compiler.targets.cuda import driver as cu
+    from compiler.targets.cuda import fingerprint
+    from compiler.targets.cuda.backend import CudaBackend
+    from compiler.targets.cuda.measure import CudaBuilder, CudaRunner
+    from tests.test_cuda_driver import FakeDevice
+
+    gpu = fingerprint.gpu_fingerprint(FakeDevice(), proc_version=tmp_path / "absent")
+    monkeypatch.setattr(fingerprint, "NVIDIA_PROC_VERSION", tmp_path / "absent")
+    monkeypatch.setattr(cu, "Driver", lambda: FakeDevice())
+    monkeypatch.setattr(cuda_target, "load_libcuda", lambda: object())
+    matmul = (4 * 128 * 128 * 4, 4 * 128 * 64 * 4, 4 * 128 * 64 * 4)  # fused_matmul's buffers, in bytes
+    fake = FakeDriver({matmul: _batched_matmul})
+    monkeypatch.setattr(CudaBackend, "runner", staticmethod(functools.partial(CudaRunner, driver=fake)))
+    targets = []
+    init = CudaBuilder.__init__
+
+    def recording(self, *a, **kw):
+        init(self, *a, **kw)
+        targets.append(self.target)
+
+    monkeypatch.setattr(CudaBuilder, "__init__", recording)
+    records = tmp_path / "records.jsonl"
+    args = [
+        "tune",
+        str(encoder),
+        "--target",
+        "cuda",
+        "--trials",
+        "24",
+        "--per-round",
+        "2",
+        "--min-repeat-ms",
+        "0",
+        "-o",
+        str(records),
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+    assert targets == [gpu.target()] and gpu.key() != parse_target("cuda").fingerprint()
+    saved = list(read_records(records))
+    assert saved and {(r.target, r.host) for r in saved} == {("cuda -arch=sm_90", gpu.key())}
+    assert any(r.ok for r in saved)  # the matmul's, checked against the CPU reference and timed
+
+
+def test_tuning_target_is_the_gpus_own_or_refused_naming_the_arch(tmp_path):
+    from compiler.targets.cuda.fingerprint import gpu_fingerprint, tuning_target
+    from tests.test_cuda_driver import FakeDevice
+
+    proc = tmp_path / "absent"
+    h200 = gpu_fingerprint(FakeDevice(), proc_version=proc)
+    assert tuning_target(parse_target("cuda"), FakeDevice(), proc) == h200.target()
+    sm80 = tuning_target(parse_target("cuda -arch=sm_80"), FakeDevice(), proc)  # sm_80 code on an H200
+    assert (sm80.mcpu, sm80.cpu_model) == ("sm_80", h200.target().cpu_model) and sm80.fingerprint() != h200.key()
+
+    class A100(FakeDevice):
+        attributes = {**FakeDevice.attributes, cu_attr("ATTR_COMPUTE_CAPABILITY_MAJOR"): 8}
+
+        def device_name(self, device):
+            return "NVIDIA A100"
+
+    assert tuning_target(parse_target("cuda -arch=sm_80"), A100(), proc).mcpu == "sm_80"
+    with pytest.raises(InvalidTarget, match=r"^cannot tune for cuda -arch=sm_90 here: this host's GPU 0, NVIDIA A100"):
+        tuning_target(parse_target("cuda"), A100(), proc)
+
+
+def cu_attr(name: str) -> int:
+    from compiler.targets.cuda import driver as cu
+
+    return getattr(cu, name)
 
 
 @pytest.mark.parametrize("text", ["cuda", "cuda -arch=sm_80"])
