@@ -49,6 +49,7 @@ UNARY = {
     "cos": "_cos({})",
     "sigmoid": "_sigmoid({})",
     "floor": "float(math.floor({}))",
+    "roundeven": "_roundeven({})",
     "abs": "abs({})",
     "neg": "(-{})",
     "not": "(not {})",
@@ -60,6 +61,11 @@ def _div(a, b):
         return a / b
     except ZeroDivisionError:
         return math.copysign(math.inf, a) * math.copysign(1.0, b) if a else math.nan
+
+
+def _roundeven(x: float) -> float:
+    """x rounded to the nearest integer, ties to even (Python's round); inf and NaN as they are."""
+    return float(round(x)) if math.isfinite(x) else x
 
 
 def _floordiv(a, b):

@@ -22,7 +22,9 @@ ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "pow", "sh
 COMPARE = ("lt", "le", "eq", "ne", "gt", "ge")
 LOGIC = ("and", "or")
 _BOOL_RESULT = frozenset(COMPARE + LOGIC)  # ops whose result is a bool, looked up on every Binary built
-INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "sin", "cos", "neg", "not")
+INTRINSICS = (
+    "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "roundeven", "abs", "sin", "cos", "neg", "not"
+)  # fmt: skip
 REDUCERS = ("sum", "max", "min")
 SYMBOLS = {
     "add": "+",
@@ -438,8 +440,8 @@ def _intrinsic(op: str):
     return fn
 
 
-exp, log, sqrt, rsqrt, tanh, erf, sigmoid, floor, abs, sin, cos = map(  # noqa: A001
-    _intrinsic, ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "abs", "sin", "cos")
+exp, log, sqrt, rsqrt, tanh, erf, sigmoid, floor, roundeven, abs, sin, cos = map(  # noqa: A001
+    _intrinsic, ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "floor", "roundeven", "abs", "sin", "cos")
 )
 
 

@@ -899,14 +899,14 @@ class _FnEmitter:
             if not dtypes.is_signed(dt):
                 return x
             return b.call(self.mod.intrinsic("llvm.abs", x.type, [x.type, I1], [x.type]), [x, ir.Constant(I1, 0)])
-        if op == "floor" and not is_float:
+        if op in ("floor", "roundeven") and not is_float:
             return x
         if not is_float:
             raise BuildError(f"kernel {self.kernel}: {op} needs a float operand, got {dt}")
         one = splat_const(x, 1.0)
         if op in _LIBM:
             return self.libm(op, x)
-        if op in ("sqrt", "floor"):
+        if op in ("sqrt", "floor", "roundeven"):  # roundeven: one vrndscaleps / roundps
             return self.math(f"llvm.{op}", x)
         if op == "rsqrt":
             return b.fdiv(one, self.math("llvm.sqrt", x))

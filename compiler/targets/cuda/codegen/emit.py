@@ -507,7 +507,7 @@ class KernelEmitter:
                 return bld.call(
                     self.declare(f"llvm.abs.{_mangle(x.type)}", x.type, [x.type, I1]), [x, ir.Constant(I1, 0)]
                 )
-            if op == "floor":
+            if op in ("floor", "roundeven"):
                 return x
             raise self.fail(f"{op} needs a float operand, got {dt}")
         return self.convert(self.float_unary(op, x), work, dt)
@@ -518,7 +518,7 @@ class KernelEmitter:
             return bld.fneg(x)
         if op == "abs":
             return self.intrinsic("llvm.fabs", x)
-        if op in ("sqrt", "floor"):
+        if op in ("sqrt", "floor", "roundeven"):  # roundeven: cvt.rni
             return self.intrinsic(f"llvm.{op}", x)
         if op in _LIBDEVICE:
             return self.libdevice(op, x)
