@@ -33,28 +33,15 @@ MIN_SAMPLE_MS = 100
 
 
 def quantize(model: onnx.ModelProto, shape: list[int], count: int, folder: Path) -> onnx.ModelProto:
-    """`model` quantized by quantize_static (QDQ, per channel, U8S8) on `count` seeded standard-normal inputs."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
+    """`model` quantized as `tilefarm quantize --per-channel` does it (QDQ, per-channel int8 weights, uint8
+    activations, minmax) on `count` seeded standard-normal inputs."""
+    from tilefarm.quantize import quantize as quantize_file
 
-    name = model.graph.input[0].name
     rng = np.random.default_rng(1)
-    feeds = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
-
-    class Reader(CalibrationDataReader):
-        def get_next(self):
-            return next(feeds, None)
-
-    src, pre, out = folder / "f.onnx", folder / "pre.onnx", folder / "q.onnx"
+    src, calib, out = folder / "f.onnx", folder / "calibration.npz", folder / "q.onnx"
     onnx.save(model, str(src))
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    np.savez(calib, **{model.graph.input[0].name: rng.standard_normal((count, *shape[1:])).astype(np.float32)})
+    quantize_file(src, out, calib, per_channel=True)
     return onnx.load(str(out))
 
 
