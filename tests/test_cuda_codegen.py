@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from compiler.base.errors import BuildError, MissingExtra
-from compiler.schedule.loopir import Allocate, Barrier, Buffer, For, Func, IfThenElse, Store, seq
+from compiler.schedule.loopir import Allocate, Barrier, Buffer, For, Func, IfThenElse, Store, seq, walk_stmts
 from compiler.schedule.lower import lower
 from compiler.targets.cuda.codegen import SM_80, SM_90, GpuArch, arch_for, compile_func, llvm_ir
 from compiler.targets.cuda.codegen import libdevice as libdevice_mod
@@ -638,3 +638,22 @@ def test_a_ptxas_override_that_is_not_there_is_refused(monkeypatch, tmp_path):
             find_ptxas()
     finally:
         find_ptxas.cache_clear()
+
+
+@needs_ptxas
+def test_a_shared_buffer_inside_a_virtual_thread_loop_is_one_buffer():
+    # a vthread loop is replicated with constant indices; a shared allocation inside it is still one buffer of the
+    # block (each virtual thread's use of it ends at a barrier before the next begins), not one per replica: four
+    # replicas of 40 KiB once made a 160 KiB candidate that ptxas refused
+    from compiler.schedule.state import initial_state
+    from compiler.targets.cuda.schedule_rules import Tiling, multi_level_tile
+
+    dag = ComputeDAG(sum(KERNELS["matmul"].build(), []))
+    tiling = Tiling(spatial=((4, 4, 1, 2), (1, 8, 1, 1)), reduce=((4, 2),))  # 4 virtual threads over the rows
+    tiled = multi_level_tile(initial_state(dag), "matmul", tiling)
+    func = lower(tiled)
+    vthreads = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == "vthread"]
+    assert vthreads and vthreads[0].extent == 4
+    assert any(isinstance(s, Allocate) and s.scope == "shared" for s in walk_stmts(vthreads[0].body))
+    (k,) = compile_func(func, SM_90).kernels
+    assert assembled(k).shared_bytes == k.shared_bytes

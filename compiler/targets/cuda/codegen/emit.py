@@ -150,7 +150,7 @@ class KernelEmitter:
         self.narrow = False  # evaluating an index: int64 arithmetic in self.index_type
         self.sregs: dict[str, ir.Value] = {}
         self.thread_vars: set[str] = set()  # variables of the enclosing threadIdx loops: differ between threads
-        self.shared_count = 0
+        self.shared: dict[int, tuple[Allocate, ir.GlobalVariable]] = {}  # shared arrays by Allocate statement
 
     def emit(self) -> None:
         self.stmt(self.func.body)
@@ -275,16 +275,7 @@ class KernelEmitter:
         buf = s.buffer
         elem = _memory_type(buf.dtype)
         if s.scope == "shared":
-            self.shared_count += 1
-            arr = ir.ArrayType(elem, buf.size)
-            var = ir.GlobalVariable(
-                self.module, arr, f"{self.func.name}.{buf.name}.{self.shared_count}", addrspace=SHARED
-            )
-            var.linkage = "internal"
-            var.initializer = ir.Constant(arr, ir.Undefined)  # shared memory cannot be initialized
-            var.align = SHARED_ALIGN
-            var.type = SHARED_PTR  # opaque, like every buffer pointer
-            ptr: ir.Value = var
+            ptr: ir.Value = self.shared_buffer(s)
         elif s.scope == "local":
             ptr = self.entry.alloca(ir.ArrayType(elem, buf.size), name=buf.name)
             ptr.align = 16
@@ -295,6 +286,20 @@ class KernelEmitter:
             )
         with self.bind(self.bufs, buf.name, (ptr, buf.dtype)):
             self.stmt(s.body)
+
+    def shared_buffer(self, s: Allocate) -> ir.GlobalVariable:
+        """The block's shared array of allocation `s`: one per statement, however often a replicated loop (a vthread)
+        emits it, as each replica's use of it ends at a barrier before the next one's begins."""
+        if id(s) not in self.shared:
+            buf, arr = s.buffer, ir.ArrayType(_memory_type(s.buffer.dtype), s.buffer.size)
+            name = f"{self.func.name}.{buf.name}.{len(self.shared) + 1}"
+            var = ir.GlobalVariable(self.module, arr, name, addrspace=SHARED)
+            var.linkage = "internal"
+            var.initializer = ir.Constant(arr, ir.Undefined)  # shared memory cannot be initialized
+            var.align = SHARED_ALIGN
+            var.type = SHARED_PTR  # opaque, like every buffer pointer
+            self.shared[id(s)] = (s, var)  # the statement is kept alive, so its id stays its own
+        return self.shared[id(s)][1]
 
     def if_then_else(self, s: IfThenElse) -> None:
         varying = sorted(free_vars(s.cond) & self.thread_vars)
