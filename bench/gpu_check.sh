@@ -7,10 +7,12 @@
 #   bench/gpu_check.sh run       there, through the device tool with carry [".whl"] and a timeout of ~400 s:
 #                                installs the wheels, runs the CUDA tests on the GPU (the ones that need a driver
 #                                run instead of skipping), then times GEMM 4096^3 fp32 kernels tilefarm's CUDA
-#                                codegen builds from hand-written loop IR against PyTorch's cuBLAS with TF32 off
+#                                codegen builds from hand-written loop IR against PyTorch's cuBLAS with TF32 off,
+#                                then bench.gpu_models: GEMM 4096^3 tuned by `tilefarm tune --target cuda` (128
+#                                trials) against cuBLAS, and ResNet-18 batch 1 untuned and tuned against PyTorch eager
 #
 # Everything it prints also lands in $OUT (the device tool brings it back; ./gpu_check_out elsewhere):
-# gpu.txt (nvidia-smi), tests.log, gemm.log and gemm.json.
+# gpu.txt (nvidia-smi), tests.log, gemm.log and gemm.json, models.log and gpu_models.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -137,6 +139,9 @@ for b in bufs:
 with open(os.path.join(os.environ["OUT_DIR"], "gemm.json"), "w") as f:
     json.dump(results, f, indent=1)
 PY
+
+    echo "== tuned: GEMM 4096^3 fp32 (128 trials) against cuBLAS, ResNet-18 batch 1 against PyTorch eager (TF32 off)"
+    python3 -m bench.gpu_models --out "$out" --gemm-trials 128 --resnet-trials 256 2>&1 | tee "$out/models.log" || true
 }
 
 case "${1:-}" in
