@@ -70,9 +70,10 @@ from compiler.targets.cuda.codegen import arch_for, compile_func
 from compiler.targets.cuda.driver import Driver
 from compiler.targets.cuda.fingerprint import gpu_fingerprint
 from compiler.targets.cuda.ptx import assemble
+from bench.gpu_models import events_ms
 from tests.test_cuda_codegen import gemm_func
 
-N, WARMUP, REPEAT = 4096, 3, 20
+N = 4096
 FLOP = 2 * N**3
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -90,20 +91,8 @@ reference = (tA @ tB).cpu().numpy()
 
 
 def median_ms(launch) -> float:
-    """Median of REPEAT timings of `launch`, each between two CUDA events, after WARMUP untimed calls."""
-    for _ in range(WARMUP):
-        launch()
-    start, end = drv.event(), drv.event()
-    times = []
-    for _ in range(REPEAT):
-        drv.record(start)
-        launch()
-        drv.record(end)
-        drv.wait(end)
-        times.append(drv.elapsed_ms(start, end))
-    drv.destroy_event(start)
-    drv.destroy_event(end)
-    return float(np.median(times))
+    """Median of the timings of `launch` between two CUDA events (bench.gpu_models.events_ms)."""
+    return events_ms(drv, launch)
 
 
 cublas_ms = median_ms(lambda: torch.matmul(tA, tB))
