@@ -38,3 +38,10 @@ def quantize_qdq(
     quantize_static(str(pre), str(out), Calibration(name, calib), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, activation_type=act, weight_type=weight)  # fmt: skip
     return onnx.load(str(out))
+
+
+def small_input(model: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    """An example model on size x size images (its convs and global pool take any size)."""
+    for d in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_value = size
+    return model

@@ -22,7 +22,7 @@ from compiler.model.int8_layout import pack_integer_convs, pack_integer_matmuls
 from compiler.model.onnx_import import load
 from compiler.model.optimize import optimize
 from compiler.tensor.tasks import plan_tasks
-from tests.quantized_models import quantize_qdq
+from tests.quantized_models import quantize_qdq, small_input
 
 RNG = np.random.default_rng(8052)
 ROUTE = ("pack_integer_matmuls", "pack_integer_convs", "propagate_int8_nchwc")
@@ -259,15 +259,21 @@ def test_requantize_on_the_accumulators_rounds_ties_to_even_and_saturates():
     assert (scaled % 1 == 0.5).sum() > 10 and (np.abs(scaled) > 2**22).sum() > 10  # the inputs reach both edges
 
 
-def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path):
+def _routed_example(tmp_path, name: str) -> Graph:
+    """Example `name` on 32 x 32 images, quantized (QDQ, per channel, U8S8), checked through the route against the
+    generic one and onnxruntime, and optimized."""
     from tilefarm.examples import EXAMPLES
 
-    fp32 = EXAMPLES["mobilenetv2"]()
-    for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
-        d.dim_value = 32
-    model = quantize_qdq(tmp_path, fp32, (1, 3, 32, 32), RNG, True, QuantType.QUInt8, QuantType.QInt8)
-    _compare(model, (1, 3, 32, 32), runs=1)
-    g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
+    shape = (1, 3, 32, 32)
+    model = quantize_qdq(
+        tmp_path, small_input(EXAMPLES[name](), 32), shape, RNG, True, QuantType.QUInt8, QuantType.QInt8
+    )
+    _compare(model, shape, runs=1)
+    return optimize(load(model, {model.graph.input[0].name: list(shape)}))
+
+
+def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path):
+    g = _routed_example(tmp_path, "mobilenetv2")
     convs = [n for n in g.nodes if n.op == "PackedConvInteger"]
     assert not {"ConvInteger", "MatMulInteger"} & {n.op for n in g.nodes}
     assert sum("group" in n.attrs for n in convs) == 17  # the depthwise ones
@@ -276,14 +282,7 @@ def test_mobilenetv2_convs_depthwise_ones_too_all_packed(tmp_path):
 
 
 def test_resnet18_keeps_nchw16c_from_the_max_pool_to_the_last_block(tmp_path):
-    from tilefarm.examples import EXAMPLES
-
-    fp32 = EXAMPLES["resnet18"]()
-    for d in fp32.graph.input[0].type.tensor_type.shape.dim[2:]:
-        d.dim_value = 32
-    model = quantize_qdq(tmp_path, fp32, (1, 3, 32, 32), RNG, True, QuantType.QUInt8, QuantType.QInt8)
-    _compare(model, (1, 3, 32, 32), runs=1)
-    g = optimize(load(model, {model.graph.input[0].name: [1, 3, 32, 32]}))
+    g = _routed_example(tmp_path, "resnet18")
     ops = Counter(n.op for n in g.nodes)
     assert ops["PackedConvInteger"] == 20 and ops["ConvInteger"] == 0 and ops["PackedMatMulInteger"] == 1
     (pool,) = [n for n in g.nodes if n.op == "MaxPool"]

@@ -20,7 +20,7 @@ from compiler.artifact.build import run_in_process
 from compiler.model.onnx_import import load
 from compiler.model.optimize import optimize
 from compiler.model.quant_fold import fold_qdq
-from tests.quantized_models import quantize_qdq
+from tests.quantized_models import quantize_qdq, small_input
 from tilefarm.examples import EXAMPLES
 
 RNG = np.random.default_rng(5252)
@@ -43,17 +43,10 @@ def _check(model: onnx.ModelProto, shape, runs: int = 2) -> Counter:
     return ops
 
 
-def _small_input(model: onnx.ModelProto, size: int) -> onnx.ModelProto:
-    """An example model on size x size images (its convs and global pool take any size)."""
-    for d in model.graph.input[0].type.tensor_type.shape.dim[2:]:
-        d.dim_value = size
-    return model
-
-
 @pytest.mark.parametrize("example", ["resnet18", "mobilenetv2"])
 def test_qdq_example_net_folds_and_equals_onnxruntime(tmp_path, example):
     # uint8 activations (U8S8): onnxruntime fuses every chain into its integer ops, and so does fold_qdq
-    model = quantize_qdq(tmp_path, _small_input(EXAMPLES[example](), 48), (1, 3, 48, 48), RNG, act=QuantType.QUInt8)
+    model = quantize_qdq(tmp_path, small_input(EXAMPLES[example](), 48), (1, 3, 48, 48), RNG, act=QuantType.QUInt8)
     ops = _check(model, (1, 3, 48, 48))
     convs = sum(n.op_type == "Conv" for n in model.graph.node)
     adds = sum(n.op_type == "Add" for n in model.graph.node)
