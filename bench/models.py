@@ -151,16 +151,22 @@ def records_path(folder: str | Path, name: str, threads: int) -> Path:
 def tune_model(name: str, threads: int, trials: int, population: int, path: Path):
     """The task scheduler after tuning every task of example `name` from scratch at `threads` threads, records to
     `path`, as `tilefarm tune` would (conv forms measured, weights cold where they outgrow the cache)."""
-    from bench.tuning import _report_search, _tune
     from compiler.model.onnx_import import load
+
+    model = EXAMPLES[name](seed=0)
+    feeds = batch1_inputs(model)
+    graph = _stage("onnx_frontend.load", load, model, {k: list(v.shape) for k, v in feeds.items()})
+    return tune_graph(graph, threads, trials, population, path)
+
+
+def tune_graph(graph, threads: int, trials: int, population: int, path: Path):
+    """The task scheduler after tuning every task of an imported `graph` (see tune_model)."""
+    from bench.tuning import _report_search, _tune
     from compiler.search.budget import first_round_sizes
     from compiler.search.task_scheduler import TuneOptions, weights_timed_cold
     from compiler.targets import host_target
     from compiler.tensor.tasks import tuning_plan
 
-    model = EXAMPLES[name](seed=0)
-    feeds = batch1_inputs(model)
-    graph = _stage("onnx_frontend.load", load, model, {k: list(v.shape) for k, v in feeds.items()})
     plan = _stage("tuning_plan", tuning_plan, graph)
     cold = weights_timed_cold("auto", plan.calls, host_target().l3_bytes)
     forms = f" (and {len(plan.other_forms)} of convs' other forms)" if plan.other_forms else ""
