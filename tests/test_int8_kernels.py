@@ -15,8 +15,8 @@ from compiler.schedule.lower import lower
 from compiler.targets.cpu.annotate import RegisterFile, sample_program
 from compiler.targets.cpu.codegen import assembly, compile_funcs
 from compiler.targets.cpu.codegen.dot4 import Dot4ISA
-from compiler.targets.cpu.default_schedule import default_schedule
-from compiler.targets.cpu.host import FEATURES_ENV, host
+from compiler.targets.cpu.default_schedule import _dot_tile, default_schedule
+from compiler.targets.cpu.host import FEATURES_ENV, host, vector_registers
 from compiler.targets.cpu.sketch import generate_sketches
 from compiler.tensor import te
 from compiler.tensor.dag import ComputeDAG
@@ -158,12 +158,14 @@ def _extremes(K: int, N: int) -> tuple[np.ndarray, np.ndarray]:
     [
         ("", "vpdpbusd", "vnni512"),
         ("-avx512vnni", "vpmaddubsw", "bw512"),  # the exact no-VNNI form, zmm
-        ("-avx512f", "vpmaddubsw", "avx2"),  # AVX2: 8 lanes, ymm (a host with AVX-VNNI keeps vpdpbusd on ymm)
+        ("-avx512f", "vpmaddubsw", "avx2"),  # AVX2: 8 lanes, ymm
     ],
 )
 def test_isa_paths_exact(features, instruction, needs):
     if features and "+" + features[1:] not in host().features.split(","):
         pytest.skip(f"this host has no {features[1:]} to turn off")
+    if instruction == "vpmaddubsw" and "+avxvnni" in host().features.split(","):
+        features += ",-avxvnni"  # AVX-VNNI (an Intel core since Alder Lake) keeps vpdpbusd on ymm otherwise
     with host_with(features) as target:
         isa = Dot4ISA.of(target.features)
         if not getattr(isa, needs):
@@ -230,6 +232,7 @@ def test_mismatched_bytes_stay_generic():
         (16, 32, 10, 1, 1, 0),
         (61, 40, 15, 2, 1, 200),  # channels not multiples of 4 / 16, stride 2, the padding the zero point
         (8, 16, 7, 1, 2, 255),
+        (16, 64, 7, 1, 1, 3),  # a 7-wide row: 2 of the 4 channel blocks in the accumulator tile
     ],
 )
 def test_conv_nchwc_exact(C, F, H, stride, pad, a_zero):
@@ -252,6 +255,23 @@ def test_conv_nchwc_exact(C, F, H, stride, pad, a_zero):
     np.testing.assert_array_equal(nchw, want.astype(np.int64))
     if HOST_ISA.vnni512:
         assert "vpdpbusd" in asm
+
+
+def test_conv_tile_holds_channel_blocks():
+    """The default schedule's accumulator tile of an int8 conv: as many of the 16 zmm accumulators as the output
+    row and channel blocks divide into, then the fewest loads (a data broadcast per column, a weight vector per
+    block); a 7 x 7 x 512 layer's 7 columns take 2 channel blocks (14 accumulators)."""
+    assert _dot_tile(7, 32, 16) == (7, 2)
+    assert _dot_tile(56, 4, 16) == (4, 4)  # 8 loads per step, where 14 x 1 took 15
+    assert _dot_tile(14, 16, 16) == (7, 2)
+    assert _dot_tile(9, 1, 16) == (9, 1)
+    assert _dot_tile(8, 3, 10) == (8, 1)  # AVX2's 10 accumulators; 3 blocks take no group
+    ins = [te.placeholder((1, 4, 9, 9, DOT), "uint8", "data"), te.placeholder((4, 4, 3, 3, 16, 4), "int8", "W")]
+    ins.append(te.placeholder((64,), "int32", "col"))
+    dag = ComputeDAG([*ins, int8_conv2d_nchwc(*ins, a_zero=3)])
+    nest = str(default_schedule(dag, host()))
+    if vector_registers(host()) >= 32:
+        assert "unroll fo.1 (0,2)" in nest and "unroll ox.1 (0,7)" in nest, nest
 
 
 def test_conv_sketch_programs_exact():

@@ -200,38 +200,50 @@ def _tile_anchor(
         lanes = 2 * vector if wide else _lanes(axes[v].extent, max(vector, 8))
     vectors = -(-lanes // vector)
     block = _divisor(axes[b].extent, max(1, accumulators // vectors)) if b is not None else 1
+    c, group = None, 1  # an int8 conv's output channel blocks in the tile too: one data broadcast feeds `group`
+    if op.tag == "int8_dot" and b is not None and b > 1 and vectors == 1:
+        c = 1
+        block, group = _dot_tile(axes[b].extent, axes[c].extent, accumulators)
     # the output tile loops: outer axes, then the tile of accumulators (the output stage's axes match by position)
     onames = [a.name for a in s.stage(out).op.axes]
     ov, ob = onames[v], onames[b] if b is not None else None
+    oc = onames[c] if c is not None else None
     s = s.split(out, ov, [lanes])
     if ob is not None:
         s = s.split(out, ob, [block])
-    outer = [f"{n}.0" if n in (ov, ob) else n for n in onames if n != ov] + [f"{ov}.0"]
+    if oc is not None:
+        s = s.split(out, oc, [group])
+    outer = [f"{n}.0" if n in (ov, ob, oc) else n for n in onames if n != ov] + [f"{ov}.0"]
     depthwise = _depthwise_input(s, local)
     if depthwise is not None:  # N x F/b x H x W x b: the channel blocks inside the pixel tile
         outer = [outer[0], *outer[2:-1], outer[1], outer[-1]]
     else:  # the output's column blocks outside its row blocks, where that reads fewer bytes (_traffic)
         out_axes = s.stage(out).op.axes
         extents = {n: a.extent for n, a in zip(onames, out_axes)}
-        extents.update({f"{n}.0": a.extent // (lanes if n == ov else block) for n, a in zip(onames, out_axes)})
+        tile = {ov: lanes, ob: block, oc: group}
+        extents.update({f"{n}.0": a.extent // tile.get(n, block) for n, a in zip(onames, out_axes)})
         axis_of = dict(zip(onames, [a.name for a in axes]))
         columns_first = [outer[-1], *outer[:-1]]
         if _traffic(s, local, columns_first, extents, axis_of) < _traffic(s, local, outer, extents, axis_of):
             outer = columns_first
-    s = s.reorder(out, outer + ([f"{ob}.1"] if ob is not None else []) + [f"{ov}.1"])
+    s = s.reorder(out, outer + [f"{n}.1" for n in (oc, ob) if n is not None] + [f"{ov}.1"])
     s = s.compute_at(local, out, f"{ov}.0").annotate(out, f"{ov}.1", "vectorize")
     # the accumulator tile: reductions outside, unrolled rows, vectorized columns
     names = [a.name for a in axes]
     vn, bn = names[v], names[b] if b is not None else None
-    inner = ([f"{bn}.1"] if bn is not None else []) + [f"{vn}.1"]
+    cn = names[c] if c is not None else None
+    inner = [f"{n}.1" for n in (cn, bn) if n is not None] + [f"{vn}.1"]
     s = s.split(local, vn, [lanes])
     if bn is not None:
         s = s.split(local, bn, [block])
+    if cn is not None:
+        s = s.split(local, cn, [group])
     reduce_names = [r.name for r in op.reduce_axes]
-    spatial_outer = [f"{n}.0" if n in (vn, bn) else n for n in names]
+    spatial_outer = [f"{n}.0" if n in (vn, bn, cn) else n for n in names]
     s = s.reorder(local, spatial_outer + reduce_names + inner)
-    if bn is not None:
-        s = s.annotate(local, f"{bn}.1", "unroll")
+    for n in (cn, bn):
+        if n is not None:
+            s = s.annotate(local, f"{n}.1", "unroll")
     s = s.annotate(local, f"{vn}.1", "vectorize")
     if out in attach:
         return s.compute_at(out, *attach[out]), {local, out}
@@ -242,6 +254,15 @@ def _tile_anchor(
     if depthwise is not None:
         attach[depthwise] = (out, _loop_holding(s.stage(out), outer[-3]))
     return s, {local, out}
+
+
+def _dot_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:
+    """Output columns and 16-channel blocks of an int8 conv's accumulator tile: the most accumulators, then the
+    fewest loads per step of the window (one broadcast of 4 data bytes per column, one weight vector per block). A
+    7-wide row alone held 7 of 16 accumulators, fewer than vpdpbusd's latency times its throughput keeps busy."""
+    tiles = [(r, g) for r in range(1, width + 1) for g in (1, 2, 4)]
+    fits = [(r, g) for r, g in tiles if width % r == 0 and blocks % g == 0 and r * g <= accumulators]
+    return max(fits, key=lambda t: (t[0] * t[1], -(t[0] + t[1])))
 
 
 def _traffic(s: State, name: str, order: list[str], extents: dict[str, int], axis_of: dict[str, str]) -> int:
