@@ -1,7 +1,8 @@
 """Fusion (TVM's FuseOps op patterns): an anchor (conv, matmul, pooling) absorbs the chain of elementwise and
 broadcast ops after it, a diamond of them too (a GELU reads its GEMM's output twice); chains of injective ops fuse
-with each other and into a reduction that reads them. One pair of anchors fuses where a pass marked it: a depthwise
-conv into the 1x1 conv that reads it (passes.fuse_depthwise_pointwise)."""
+with each other and into a reduction that reads them. Anchors fuse where a pass marked them: a depthwise conv into the
+1x1 conv that reads it (passes.fuse_depthwise_pointwise); an attention's softmax into its scores' product and the
+product with V into both (passes.fuse_attention)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ def fuse(g: Graph) -> list[Group]:
             pk, mk = kind(pg), pattern(node)
             if node.attrs.get("fuse_depthwise") and v is node.inputs[0] and len(readers) == 1 and pk == ANCHOR:
                 merge(pg, me)  # passes.fuse_depthwise_pointwise: the depthwise conv computed in the 1x1 conv's tiles
+                me = pg
+                continue
+            if node.attrs.get("fuse_attention") and v is node.inputs[0] and len(readers) == 1:
+                merge(pg, me)  # passes.fuse_attention: the scores and their softmax computed in the ·V product's rows
                 me = pg
                 continue
             absorb = pk in (ANCHOR, REDUCE) and mk <= BROADCAST  # conv/matmul/reduce takes its elementwise consumer

@@ -15,6 +15,7 @@ from compiler.model.passes import (
     block_conv_weights,
     conv_forms,
     fold_batchnorm,
+    fuse_attention,
     fuse_depthwise_pointwise,
     gemm_to_matmul,
     pack_matmul_weights,
@@ -38,6 +39,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("block_conv_weights", block_conv_weights),
     ("propagate_nchwc", propagate_nchwc),
     ("fuse_depthwise_pointwise", fuse_depthwise_pointwise),
+    ("fuse_attention", fuse_attention),
 ]
 
 
@@ -52,6 +54,7 @@ OPTIONAL_PASSES = (
     "block_conv_weights",
     "propagate_nchwc",
     "fuse_depthwise_pointwise",
+    "fuse_attention",
 )
 
 

@@ -378,3 +378,64 @@ def _depthwise_feeds(v: Value | None, makers: Mapping, readers: Mapping, outputs
             return False
         v = next(i for i in p.inputs if i is not None and i.const is None)
     return False
+
+
+# a head's score matrix (queries x keys) up to this many bytes makes its attention one task (fuse_attention): the
+# fused kernel computes whole score rows for a block of queries, so every block re-reads the head's K and V, and a
+# sequence up to 512 (1 MiB of fp32 scores) keeps them (2 x 512 x 64 floats, 256 KiB) in a 1-2 MiB L2 beside the
+# rows; longer sequences need the key axis tiled as well (an online softmax), which this schedule does not do
+ATTENTION_SCORE_BYTES = 1 << 20
+
+
+def fuse_attention(g: Graph) -> Graph:
+    """Attention per head batch, softmax(Q·Kᵀ · scale + mask) · V (batched MatMuls of rank 3 or more, the softmax
+    over the last axis, elementwise ops between the product and it), is marked `fuse_attention` on its Softmax and
+    its second MatMul, so fusion makes it one task where a head's score matrix fits ATTENTION_SCORE_BYTES: its
+    default schedule computes a block of query rows' scores and their softmax inside the ·V product's row tile,
+    while they are in cache, instead of writing the scores and the probabilities out and reading them back."""
+    readers = g.consumers()
+    makers = g.producers()
+    outputs = {id(v) for v in g.outputs}
+    marked: set[int] = set()
+    for n in g.nodes:
+        if n.op == "Softmax" and _attention_scores(n, makers, readers, outputs):
+            probabilities = n.outputs[0]
+            pv = readers.get(id(probabilities), [])
+            if id(probabilities) in outputs or len(pv) != 1 or not _batched_matmul(pv[0]):
+                continue
+            if pv[0].inputs[0] is probabilities and pv[0].inputs[1] is not probabilities:
+                marked |= {id(n), id(pv[0])}
+    nodes = [replace(n, attrs={**n.attrs, "fuse_attention": True}) if id(n) in marked else n for n in g.nodes]
+    return _rewire(g, {}, nodes) if marked else g
+
+
+def _batched_matmul(n: Node) -> bool:
+    """A MatMul of two computed operands of the same rank, 3 or more (a batch of heads)."""
+    if n.op != "MatMul" or len(n.inputs) != 2 or any(v is None or v.const is not None for v in n.inputs):
+        return False
+    a, b = n.inputs
+    return len(a.shape) == len(b.shape) >= 3 and a.dtype == b.dtype == "float32"
+
+
+def _attention_scores(softmax: Node, makers: Mapping, readers: Mapping, outputs: set[int]) -> bool:
+    """Whether the softmax runs over the last axis of a batched MatMul's product, through elementwise ops alone (the
+    scale, a mask), every value on the way read by one node and no graph output, the scores of one head at most
+    ATTENTION_SCORE_BYTES."""
+    v = softmax.inputs[0]
+    if v is None or softmax.attrs.get("axis", -1) not in (-1, len(v.shape) - 1):
+        return False
+    if len(v.shape) < 3 or v.shape[-1] * v.shape[-2] * 4 > ATTENTION_SCORE_BYTES:
+        return False
+    while v is not None and id(v) not in outputs and len(readers.get(id(v), [])) == 1:
+        p = makers.get(id(v))
+        if p is None or len(p.outputs) != 1:
+            return False
+        if p.op == "MatMul":
+            return _batched_matmul(p)
+        if PATTERNS.get(p.op, OPAQUE) > BROADCAST:
+            return False
+        on_chain = [i for i in p.inputs if i is not None and makers.get(id(i)) is not None and i.shape == v.shape]
+        if len(on_chain) != 1:
+            return False
+        v = on_chain[0]
+    return False

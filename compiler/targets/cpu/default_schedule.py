@@ -48,10 +48,19 @@ def default_schedule(dag: ComputeDAG, target: Target | None = None) -> State:
         if stage.op.is_placeholder or stage.compute_at != "root" or stage.name in tiled | members:
             continue
         k = len(stage.op.axes) - 1 if stage.name in rows else None
-        s = _reduction(s, stage.name, lanes, k) if stage.op.reduce_axes else _elementwise(s, stage.name, k)
+        parallel = 0 if stage.name in attach else k  # a softmax inside an attention's ·V rows: theirs are parallel
+        if stage.op.reduce_axes:
+            s = _reduction(s, stage.name, lanes, parallel)
+        else:
+            s = _elementwise(s, stage.name, parallel)
         for m in rows.get(stage.name, []):  # consumers first, so each is computed where a reader of it is
             s = _reduction(s, m, lanes, 0) if s.stage(m).op.reduce_axes else _elementwise(s, m, 0)
             s = s.compute_at(m, stage.name, _loop_holding(s.stage(stage.name), stage.op.axes[k - 1].name))
+        if stage.name in attach:
+            s = s.compute_at(stage.name, *attach[stage.name])
+    for name, (holder, loop) in attach.items():
+        if s.stage(name).compute_at == "root" and s.stage(name).op.tag in ("matmul", "batch_matmul"):
+            s = s.compute_at(name, holder, loop)
     return s
 
 
@@ -215,9 +224,10 @@ def _tile_anchor(
         s = s.split(out, oc, [group])
     outer = [f"{n}.0" if n in (ov, ob, oc) else n for n in onames if n != ov] + [f"{ov}.0"]
     depthwise = _depthwise_input(s, local)
+    scores = _attention_rows(s, local, v)
     if depthwise is not None:  # N x F/b x H x W x b: the channel blocks inside the pixel tile
         outer = [outer[0], *outer[2:-1], outer[1], outer[-1]]
-    else:  # the output's column blocks outside its row blocks, where that reads fewer bytes (_traffic)
+    elif scores is None:  # the output's column blocks outside its row blocks, where that reads fewer bytes (_traffic)
         out_axes = s.stage(out).op.axes
         extents = {n: a.extent for n, a in zip(onames, out_axes)}
         tile = {ov: lanes, ob: block, oc: group}
@@ -245,6 +255,8 @@ def _tile_anchor(
         if n is not None:
             s = s.annotate(local, f"{n}.1", "unroll")
     s = s.annotate(local, f"{vn}.1", "vectorize")
+    if out in attach and s.stage(out).op.tag in ("matmul", "batch_matmul"):
+        return s, {local, out}  # an attention's scores: computed in the ·V rows after their softmax is (the end)
     if out in attach:
         return s.compute_at(out, *attach[out]), {local, out}
     # parallel over the outer loops; with a depthwise input, its pixel loops only (each thread its own pixels); with
@@ -253,6 +265,9 @@ def _tile_anchor(
     s = _parallel(s, out, parallel, work=_work(s, local))
     if depthwise is not None:
         attach[depthwise] = (out, _loop_holding(s.stage(out), outer[-3]))
+    if scores is not None:  # the row block's scores and their softmax, computed before its columns of ·V
+        softmax, product = scores
+        attach[softmax] = attach[product] = (out, _loop_holding(s.stage(out), outer[-2]))
     return s, {local, out}
 
 
@@ -299,6 +314,40 @@ def _depthwise_input(s: State, name: str) -> str | None:
         if reduction is not None and reduction.tag == "depthwise_conv2d_nchwc":
             return ld.buffer
     return None
+
+
+def _attention_rows(s: State, name: str, v: int) -> tuple[str, str] | None:
+    """For a product P·V of a task fusion made of an attention (passes.fuse_attention): the stage P reads (the
+    softmax's division, which holds its row max, exp and row sum) and the tiled product of the scores under it, if
+    `name` reads P at its own index but the last, which is its reduction (P[b, h, i, k] · V[b, h, k, j])."""
+    op = s.stage(name).op
+    if len(op.reduce_axes) != 1 or v != len(op.axes) - 1 or len(op.axes) < 3:
+        return None
+    for ld in _loads(s, op.body):
+        p = s.stage(ld.buffer)
+        if p.op.is_placeholder or p.op.reduce_axes or p.compute_at != "root" or len(ld.indices) != len(op.axes):
+            continue
+        rows = [a.name for a in op.axes[:-1]]
+        at_row = all(not isinstance(i, te.Var) or i.name == n for i, n in zip(ld.indices, rows))
+        if not at_row or not isinstance(ld.indices[-1], te.Var) or ld.indices[-1].name != op.reduce_axes[0].name:
+            continue
+        upstream = _upstream(s, ld.buffer)
+        products = [n for n in upstream if s.dag.needs_multi_level_tiling(n) and s.stage(n).compute_at == "root"]
+        if len(products) == 1 and any(s.stage(n).op.tag == "comm_reduce" for n in upstream):
+            return ld.buffer, products[0]
+    return None
+
+
+def _upstream(s: State, name: str) -> list[str]:
+    """The computed stages `name` reads, directly or through others (inlined ones seen through)."""
+    seen: list[str] = []
+    todo = [name]
+    while todo:
+        for ld in _loads(s, s.stage(todo.pop()).op.body):
+            if not s.stage(ld.buffer).op.is_placeholder and ld.buffer not in seen:
+                seen.append(ld.buffer)
+                todo.append(ld.buffer)
+    return seen
 
 
 def _loop_holding(stage, name: str) -> str:

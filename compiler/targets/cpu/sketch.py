@@ -5,9 +5,9 @@ order; a rule that matches either *applies* (its successor joins the worklist an
 *applies and skips the rest*. A partial sketch whose stage index runs out is a sketch. The splits that tile a stage
 get placeholder lengths here; `annotate` fills them.
 
-Rules (CPU): [producer at consumer tile, ours] → always-inline → [matrix transform, Ansor's const-tensor rule] →
-add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer fusion → multi-level tiling
-("SSRSRS") → skip.
+Rules (CPU): [producer at consumer tile, attention rows, scores at rows: ours] → always-inline → [matrix transform,
+Ansor's const-tensor rule] → add-rfactor → [pack, ours] → add-cache-write → multi-level tiling with consumer fusion →
+multi-level tiling ("SSRSRS") → skip.
 """
 
 from __future__ import annotations
@@ -331,10 +331,11 @@ def _tiled_producer(state: State, name: str) -> bool:
     return reduction is not None and needs_multi_level_tiling(reduction)
 
 
-def _tile_holder(state: State, consumer: str) -> tuple[str, list[str], list[str]] | None:
+def _tile_holder(state: State, consumer: str, producer: str | None = None) -> tuple[str, list[str], list[str]] | None:
     """Where a tiled reduction's outermost tile level lives (the stage it is computed in, or itself at root), and
-    that level's loops split in two: those over axes the reduction reads its non-constant input by (pixels, at least
-    one), then the others (channels). None where the holder's loops do not line up with the reduction's axes."""
+    that level's loops split in two: those over axes the reduction reads its non-constant input (or `producer`) by
+    (pixels, at least one), then the others (channels). None where the holder's loops do not line up with the
+    reduction's axes."""
     c = state.stage(consumer)
     holder = c.attach[0] if c.compute_at == "iter" and c.attach else consumer
     h = state.stage(holder)
@@ -342,6 +343,8 @@ def _tile_holder(state: State, consumer: str) -> tuple[str, list[str], list[str]
         return None
     axis_of = {a.name: i for i, a in enumerate(h.op.axes)}
     reads = [ld for ld in te.loads(c.op.body) if not state.stage(ld.buffer).op.is_placeholder]
+    if producer is not None:
+        reads = [ld for ld in reads if ld.buffer == producer]
     if len(reads) != 1:
         return None
     used = set().union(*(te.free_vars(i) for i in reads[0].indices))
@@ -353,6 +356,141 @@ def _tile_holder(state: State, consumer: str) -> tuple[str, list[str], list[str]
             break
         (pixels if axis_of[base] in pixel_axes else channels).append(it.name)
     return (holder, pixels, channels) if pixels else None
+
+
+class AttentionRows(Rule):
+    """tilefarm's addition for an attention that fusion made one task (passes.fuse_attention): the softmax's
+    division, which the ·V product reads, is kept rather than inlined and computed inside the product's outermost
+    tile level, its loops ordered with the rows (the axes the product reads it by) first, so a block of query rows
+    gets its probabilities just before every column of V reads them; its row max, exp and row sum are computed
+    inside it row by row (`softmax_rows`), the row's vectorized partial reductions of a sampled width (rfactor) then
+    combined. The scores' product then tiles into the same loop (ScoresAtRows). The rules after this one are skipped:
+    turning the pass off gives the three tasks of before."""
+
+    name = "attention-rows"
+
+    def condition(self, p, cores):
+        s, name = p.state, _name(p)
+        if s.dag.is_output(name) or not strictly_inlinable(_op(p)) or name.endswith((".local", ".pack")):
+            return PASS
+        consumers = s.consumers(name)
+        if len(consumers) != 1 or consumers[0] not in p.tiled or not s.stage(consumers[0]).op.reduce_axes:
+            return PASS
+        fits = softmax_rows(s, name) and _tile_holder(s, consumers[0], name) is not None
+        return APPLY_AND_SKIP if fits else PASS
+
+    def apply(self, p, cores):
+        s, name = p.state, _name(p)
+        members = softmax_rows(s, name)
+        op = s.stage(name).op
+        row = op.axes[len(op.axes) - 2].name
+        tile_steps, tile_extents, contiguous = list(p.tile_steps), list(p.tile_extents), list(p.tile_contiguous)
+        for m in members:  # consumers first, so each is computed where a reader of it is
+            s = s.compute_at(m, name, row)
+            k = s.stage(m).op.reduce_axes
+            if len(k) != 1:
+                continue
+            it_id = s.stage(m).iter_index(k[0].name)
+            tile_steps.append(len(s.steps))
+            tile_extents.append(k[0].extent)
+            contiguous.append(True)
+            s = s.do(Split(s.stage_id(m), it_id, (1,)))
+            s = s.do(Rfactor(s.stage_id(m), it_id + 1, len(s.stage(m).op.axes)))
+            rf = s.stage(f"{m}.rf").iters
+            lanes = [it.name for it in rf if it.kind == "spatial"]
+            s = s.reorder(f"{m}.rf", lanes[:-1] + [it.name for it in rf if it.kind == "reduce"] + lanes[-1:])
+            s = s.compute_at(f"{m}.rf", m, s.stage(m).iters[len(s.stage(m).op.axes) - 1].name)
+        (consumer,) = s.consumers(name)
+        holder, rows, columns = _tile_holder(s, consumer, name)  # type: ignore[misc]
+        rest = [it.name for it in s.stage(holder).iters][len(rows) + len(columns) :]
+        s = s.reorder(holder, rows + columns + rest).compute_at(name, holder, rows[-1])
+        below = set(members) | {f"{m}.rf" for m in members}
+        index = p.index - 1
+        while index >= 0 and s.stages[index].name in below:
+            index -= 1
+        rules = p.rules + (f"{self.name}({name})",)
+        return [
+            replace(
+                p,
+                state=s,
+                index=index,
+                tile_steps=tuple(tile_steps),
+                tile_extents=tuple(tile_extents),
+                tile_contiguous=tuple(contiguous),
+                fixed=p.fixed | {name} | below,
+                rules=rules,
+            )
+        ]
+
+
+def softmax_rows(state: State, name: str) -> list[str]:
+    """The stages a softmax's division `name` reads that are computed row by row inside it, consumers first: every
+    computed stage above it up to a product that needs multi-level tiling (the scores), but the strictly inlinable
+    ones (the scale, a mask: inlined), each read by `name` or another of them alone, at least one a row reduction;
+    [] where the stages above it are not such a softmax over one such product's rows."""
+    op = state.stage(name).op
+    k = len(op.axes) - 1
+    found: list[str] = []
+    products: set[str] = set()
+    todo = [name]
+    while todo:
+        for r in state.stage(todo.pop()).op.reads:
+            st = state.stage(r)
+            if st.op.is_placeholder or r in found or r in products:
+                continue
+            if needs_multi_level_tiling(st.op):
+                products.add(r)
+                continue
+            found.append(r)
+            todo.append(r)
+    members = [m for m in found if not strictly_inlinable(state.stage(m).op)]
+    if len(products) != 1 or not any(state.stage(m).op.reduce_axes for m in members) or k < 2:
+        return []
+    for m in members:
+        m_op = state.stage(m).op
+        if state.stage(m).compute_at != "root" or state.dag.is_output(m) or m_op.shape[:k] != op.shape[:k]:
+            return []
+        if not set(state.dag.consumers.get(m, [])) <= {name, *found}:
+            return []
+    order = {st.name: i for i, st in enumerate(state.stages)}
+    return sorted(members, key=lambda m: -order[m])
+
+
+class ScoresAtRows(Rule):
+    """After AttentionRows: the scores' product, whose readers (the softmax's row max and exp) are computed inside
+    the ·V product's row tile, is tiled (SSRSRS, its sizes sampled like any tile's) inside that same loop, before
+    the softmax: each block of query rows has its scores computed, normalized and multiplied by V while in cache."""
+
+    name = "scores-at-rows"
+
+    def condition(self, p, cores):
+        s, name = p.state, _name(p)
+        if not needs_multi_level_tiling(_op(p)) or name.endswith((".local", ".pack")) or s.dag.is_output(name):
+            return PASS
+        return APPLY_AND_SKIP if _rows_attach(s, name) is not None else PASS
+
+    def apply(self, p, cores):
+        name = _name(p)
+        q = _multi_level_tile(p, name)
+        holder, loop = _rows_attach(q.state, name)  # type: ignore[misc]
+        q = replace(q, state=q.state.compute_at(name, holder, loop), rules=q.rules[:-1] + (f"{self.name}({name})",))
+        return [_advance(q, None)]
+
+
+def _rows_attach(state: State, name: str) -> tuple[str, str] | None:
+    """The loop every reader of `name` is computed in, through the stages they are computed in, if they all are
+    computed in the same one (the ·V tile holding an attention's softmax rows)."""
+    points = set()
+    readers = state.consumers(name)
+    for r in readers:
+        st = state.stage(r)
+        if st.compute_at != "iter" or st.attach is None:
+            return None
+        at = st.attach
+        while state.stage(at[0]).compute_at == "iter" and state.stage(at[0]).attach is not None:
+            at = state.stage(at[0]).attach
+        points.add(tuple(at))
+    return points.pop() if readers and len(points) == 1 else None  # type: ignore[return-value]
 
 
 class AddRfactor(Rule):
@@ -538,6 +676,8 @@ class SkipStage(Rule):
 
 RULES: tuple[Rule, ...] = (
     ProducerAtConsumerTile(),
+    AttentionRows(),
+    ScoresAtRows(),
     AlwaysInline(),
     MatrixTransformRule(),
     ReduceOutsideLanes(),
