@@ -4,7 +4,9 @@
     python -m bench.models --tuned [--trials 1000] [--population 512] [--records-dir DIR] [--threads 1,2] ...
 
 Untuned (default schedules), per model: compile seconds, median latency of both systems from interleaved samples (see
-bench.kernels for why), their ratio, and how far tilefarm's outputs are from onnxruntime's.
+bench.kernels for why), their ratio, and how far tilefarm's outputs are from onnxruntime's. With --disable-pass NAME
+(repeatable) a third system, the model compiled without those optional passes (`tilefarm-untuned-without`), is timed
+in the same interleaved samples, so a pass's effect is measured under the same load.
 
 With --tuned, per model and thread count: the model's tasks tuned from scratch with a budget of --trials measurements
 at that thread count (bench.tuning's `_tune`, with `tilefarm tune`'s defaults: 3x3 convs measured in both forms,
@@ -85,15 +87,17 @@ def ort_session(model: onnx.ModelProto, threads: int) -> Callable[[dict], list[n
     return lambda feeds: dict(zip(names, sess.run(None, feeds)))
 
 
-def compile_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: str, folder: Path, records=None):
+def compile_model(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: str, folder: Path, records=None, disabled=()
+):
     """(loaded artifact, seconds per stage) for `model` compiled with the best of `records` per task (a records
-    database), else with default schedules."""
+    database), else with default schedules; without the optional passes named in `disabled`."""
     load, build, Artifact = _stage("import", _compiler)
     t0 = time.perf_counter()
     graph = _stage("onnx_frontend.load", load, model, input_shapes={k: list(v.shape) for k, v in feeds.items()})
     t1 = time.perf_counter()
     path = folder / f"{name}.tar"
-    _stage("build", build, graph, path, name=name, records=records)
+    _stage("build", build, graph, path, name=name, records=records, disabled_passes=disabled)
     t2 = time.perf_counter()
     artifact = _stage("Artifact.load", Artifact.load, path)
     return artifact, {"load": t1 - t0, "build": t2 - t1}
@@ -116,7 +120,7 @@ def _systems(artifact, ort_fn: Callable, feeds: dict[str, np.ndarray]) -> dict[s
     return {"tilefarm-untuned": lambda: artifact.run(feeds), "onnxruntime": lambda: ort_fn(feeds)}
 
 
-def run_model(name: str, threads: list[int], repeat: int, rows: list[dict]) -> None:
+def run_model(name: str, threads: list[int], repeat: int, rows: list[dict], disabled: tuple[str, ...] = ()) -> None:
     model = EXAMPLES[name](seed=0)
     feeds = batch1_inputs(model)
     with tempfile.TemporaryDirectory(prefix="tilefarm-bench-") as tmp:
@@ -124,13 +128,18 @@ def run_model(name: str, threads: list[int], repeat: int, rows: list[dict]) -> N
         artifact, stages = compile_model(model, feeds, name, Path(tmp))
         detail = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         print(f"  compile {time.perf_counter() - t:.2f} s ({detail})")
+        without = compile_model(model, feeds, f"{name}_without", Path(tmp), disabled=disabled)[0] if disabled else None
         for n in threads:
             # read by Artifact.run at every call
             os.environ["TILEFARM_NUM_THREADS"] = str(n)
             ort_fn = ort_session(model, n)
-            ours = _stage("Artifact.run", artifact.run, feeds)
-            abs_diff, rel_diff = _stage("compare with onnxruntime", difference, ours, ort_fn(feeds))
-            medians = interleaved(_systems(artifact, ort_fn, feeds), repeat, min_ms=MIN_SAMPLE_MS)
+            ref = ort_fn(feeds)
+            abs_diff, rel_diff = _stage("compare with onnxruntime", difference, artifact.run(feeds), ref)
+            systems = _systems(artifact, ort_fn, feeds)
+            if without is not None:
+                systems["tilefarm-untuned-without"] = lambda a=without: a.run(feeds)
+                off_diff = _stage("compare with onnxruntime", difference, without.run(feeds), ref)[1]
+            medians = interleaved(systems, repeat, min_ms=MIN_SAMPLE_MS)
             for system, sec in medians.items():
                 rows.append({"model": name, "system": system, "threads": n, "median_ms": round(sec * 1e3, 4)})
             tf, ort_ms = medians["tilefarm-untuned"] * 1e3, medians["onnxruntime"] * 1e3
@@ -138,6 +147,12 @@ def run_model(name: str, threads: list[int], repeat: int, rows: list[dict]) -> N
                 f"  {n} thr  tilefarm-untuned {tf:9.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
                 f"tilefarm/ort {tf / ort_ms:6.2f}x  max abs diff {abs_diff:.2e}  max rel diff {rel_diff:.2e}"
             )
+            if without is not None:
+                off = medians["tilefarm-untuned-without"] * 1e3
+                print(
+                    f"  {n} thr  without {', '.join(disabled)} {off:9.2f} ms  with/without {tf / off:6.3f}x  "
+                    f"max rel diff {off_diff:.2e}"
+                )
 
 
 # ---------------------------------------------------------------------------------------------------------- tuned
@@ -261,6 +276,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
     p.add_argument("--repeat", type=int, default=7, help="interleaved samples per system")
     p.add_argument("--json", help="write the rows here as a JSON list")
     p.add_argument("--only", help="run the models whose name contains this, or the example of this exact name")
+    p.add_argument("--disable-pass", action="append", default=[], help="untuned: time the models without this pass too")
     p.add_argument("--tuned", action="store_true", help="tune each model at each thread count, then time it too")
     p.add_argument("--trials", type=int, default=1000, help="--tuned: measurements per model and thread count")
     p.add_argument("--population", type=int, default=512, help="--tuned: the evolutionary search's population")
@@ -298,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.tuned:
                 run_tuned(name, threads, args, rows)
             else:
-                run_model(name, threads, args.repeat, rows)
+                run_model(name, threads, args.repeat, rows, tuple(args.disable_pass))
         except StageFailed as e:
             failed[name] = str(e)
             print(f"  FAILED in {e}")

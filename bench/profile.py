@@ -110,7 +110,7 @@ def match_ort(model: onnx.ModelProto, calls: list[dict], ort_nodes: dict[str, fl
     return per_call, unmatched
 
 
-def profile_model(name: str, records: str | None, threads: int, repeat: int) -> dict:
+def profile_model(name: str, records: str | None, threads: int, repeat: int, disabled: tuple[str, ...] = ()) -> dict:
     from compiler.artifact.build import build
     from compiler.artifact.runtime import Artifact
     from compiler.costs.records import JSONLinesDatabase
@@ -128,6 +128,7 @@ def profile_model(name: str, records: str | None, threads: int, repeat: int) -> 
             path,
             name="m",
             records=JSONLinesDatabase(records) if records else None,
+            disabled_passes=disabled,
         )
         art = Artifact.load(path)
         ours = art.run(feeds)
@@ -224,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=20, help="runs per timing (medians)")
     p.add_argument("--top", type=int, default=25, help="calls to list, the largest losses first")
     p.add_argument("--json", help="write the profile here")
+    p.add_argument("--disable-pass", action="append", default=[], help="compile without this optional pass")
     args = p.parse_args(argv)
-    prof = profile_model(args.model, args.records, args.threads, args.repeat)
+    prof = profile_model(args.model, args.records, args.threads, args.repeat, tuple(args.disable_pass))
     report(prof, args.top)
     if args.json:
         Path(args.json).write_text(json.dumps(prof, indent=1))
