@@ -27,6 +27,7 @@ from compiler.schedule.lower import lower
 from compiler.schedule.state import apply_steps, program_key, step_from_record
 from compiler.search.evolution import SearchParams
 from compiler.search.task_scheduler import (
+    FINAL_TIMING_ROUNDS,
     RETIME_CHALLENGERS,
     RETIME_MAX_CHALLENGERS,
     RETIME_PASSES,
@@ -444,7 +445,12 @@ def test_an_interrupted_confirmation_still_counts_the_round(tmp_path):
     rounds = []
     runner = CancelledOnSecondCall()
     sched = TaskScheduler(
-        [TASK], db, options, model=RandomModel(0), builder=InstantBuilder(), runner=runner,
+        [TASK],
+        db,
+        options,
+        model=RandomModel(0),
+        builder=InstantBuilder(),
+        runner=runner,
         callback=lambda s: rounds.append(s.stats.trials),
     )
     with pytest.raises(Cancelled):
@@ -482,8 +488,12 @@ def test_the_fastest_programs_are_timed_again_side_by_side_when_tuning_ends(tmp_
     assert sched.progress[0].best == 1e-3 == sched.estimated_latency and sched.stats.trials == 8
 
     again = TaskScheduler(
-        [TASK], JSONLinesDatabase(path), TuneOptions(trials=0, params=PARAMS), model=RandomModel(0),
-        builder=InstantBuilder(), runner=noisy(),
+        [TASK],
+        JSONLinesDatabase(path),
+        TuneOptions(trials=0, params=PARAMS),
+        model=RandomModel(0),
+        builder=InstantBuilder(),
+        runner=noisy(),
     )
     assert again.resume() == 8
     again.run()
@@ -570,7 +580,8 @@ def test_retiming_passes_over_a_record_this_version_cannot_replay(tmp_path):
 
     db = JSONLinesDatabase(tmp_path / "r.jsonl")
     unreadable = to_record(
-        MeasureInput(TASK, default_schedule(DAG).steps), MeasureResult((1e-6,), None, "", 0.0, 0.0),
+        MeasureInput(TASK, default_schedule(DAG).steps),
+        MeasureResult((1e-6,), None, "", 0.0, 0.0),
         host_target(),
     )
     db.commit(replace(unreadable, steps=(("StepOfALaterVersion", 1),)))
@@ -613,8 +624,8 @@ def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
         run_s, per_call, calls = 5e-3, {tasks[0].key: 3e-3, tasks[1].key: 0.5e-3}, {tasks[0].key: 1, tasks[1].key: 2}
         overhead_s = 1e-3
 
-    def timer():
-        timings.append(1)
+    def timer(rounds):
+        timings.append(rounds)
         return Timing()
 
     options = TuneOptions(trials=80, measures_per_round=8, params=PARAMS, seed=0, retime_best=0)
@@ -631,7 +642,7 @@ def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
     assert last.estimate_s == pytest.approx(5e-3)
     # after the warm-up (16 trials), then a quarter of the trials later but MODEL_TIMING_ROUNDS rounds at least (32),
     # and at the end (the last round's timing was that: nothing measured since, so not timed twice)
-    assert [c.trials for c in sched.model_checks] == [16, 48, 80] and len(timings) == 3
+    assert [c.trials for c in sched.model_checks] == [16, 48, 80] and timings == [1, 1, 1]
     assert "run 5.000 ms; estimate before it 5.000 ms (+0.0%)" in sched.table()
     # a task that costs more in the run weighs more in the objective: matmul64's gradient is 3x its kernel-only one
     sched.progress[0].history = [2e-3, 1.5e-3, 1.2e-3, 1e-3]
@@ -640,8 +651,32 @@ def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
     assert with_factor == pytest.approx(3 * sched._gradient(0))
 
 
+def test_the_final_model_timing_takes_several_rounds(tmp_path):
+    # the estimate ends on the last timing: after the end-of-tuning re-timings the model is timed once more, the
+    # fastest of FINAL_TIMING_ROUNDS rounds (one round at 2 threads can land on a moment another process woke)
+    tasks = _two_tasks()
+    asked = []
+
+    class Timing:
+        run_s, per_call, calls = 2e-3, {tasks[0].key: 1e-3, tasks[1].key: 0.5e-3}, {tasks[0].key: 1, tasks[1].key: 2}
+        overhead_s = 0.0
+
+    def timer(rounds):
+        asked.append(rounds)
+        return Timing()
+
+    options = TuneOptions(trials=32, measures_per_round=8, params=PARAMS, seed=0, retime_best=1)
+    sched = TaskScheduler(
+        tasks, JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0), builder=InstantBuilder(),
+        runner=PerTaskRunner({(N, N): 1e-3, (8, 8): 0.5e-3}), model_timer=timer,
+    )  # fmt: skip
+    sched.run()
+    assert asked[-1] == FINAL_TIMING_ROUNDS > 1 and set(asked[:-1]) == {1}
+    assert sched.model_checks[-1].note == "final"
+
+
 def test_a_model_timer_that_fails_leaves_the_kernels_estimate(tmp_path):
-    def timer():
+    def timer(rounds):
         raise RuntimeError("no C compiler")
 
     options = TuneOptions(trials=16, measures_per_round=8, params=PARAMS, seed=0, retime_best=0)

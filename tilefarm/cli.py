@@ -420,7 +420,7 @@ def _model_timer(graph, db, target, args: argparse.Namespace):
     from compiler.artifact.in_model import time_in_model
 
     disabled = tuple(args.disable_pass or ())
-    return lambda: time_in_model(graph, db, target, args.threads, disabled_passes=disabled)
+    return lambda rounds: time_in_model(graph, db, target, args.threads, disabled_passes=disabled, rounds=rounds)
 
 
 def _take_prior(db, args: argparse.Namespace, where: str) -> None:
