@@ -180,3 +180,25 @@ def test_random_programs_of_the_fused_attention_compute_what_numpy_does(mask):
     results, want = _run(funcs, task, rng)
     for f, got in zip(funcs, results):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f.name)
+
+
+def test_the_fused_attention_computes_right_under_gpu_schedules_too():
+    """The pass runs for every target: the CUDA backend's default schedule and sampled programs of the fused task,
+    run by the GPU loop-IR interpreter, compute what numpy does."""
+    from compiler.schedule import gpu_interp
+    from compiler.search.evolution import SearchParams
+    from compiler.targets import backend_for, parse_target
+
+    (task,) = _attention_tasks(attention(np.random.default_rng(0), seq=16, heads=2, dim=8, mask=True))
+    target = parse_target("cuda")
+    backend = backend_for(target)
+    space = backend.search_space(task.dag, target, SearchParams())
+    rng = np.random.default_rng(5)
+    states = [backend.default_schedule(task.dag, target)] + [
+        space.sample(k, rng)[1] for k in range(len(space.sketches))
+    ]
+    for state in states:
+        inputs = [rng.standard_normal(task.dag.op(n).shape).astype(np.float32) for n in task.dag.inputs]
+        out = np.zeros(task.dag.op(task.dag.outputs[0]).shape, np.float32)
+        gpu_interp.run(lower(state), *inputs, out)
+        np.testing.assert_allclose(out, _reference(task, inputs), rtol=1e-5, atol=1e-5, err_msg=str(state))
