@@ -82,8 +82,8 @@ def _tune(
         if graph is not None:
             from compiler.artifact.in_model import time_in_model
 
-            def timer(rounds: int):
-                return time_in_model(graph, db, threads=threads, rounds=rounds)
+            def timer(rounds: int, untuned: bool = False):
+                return time_in_model(graph, None if untuned else db, threads=threads, rounds=rounds)
 
         sched = TaskScheduler(
             tasks, db, opts, builder=builder, runner=runner, callback=progress, choices=choices, model_timer=timer

@@ -27,7 +27,7 @@ from sqlalchemy import select, update
 from compiler.base.errors import InvalidTarget, TilefarmError
 from compiler.base.target import Target
 from compiler.costs.measure import BuildResult, MeasureInput, MeasureResult
-from compiler.costs.records import JSONLinesDatabase, TuningRecord, best_replaying, target_name
+from compiler.costs.records import JSONLinesDatabase, TuningRecord, as_tuples, best_replaying, target_name
 from compiler.schedule.state import step_from_record
 from compiler.search.evolution import SearchParams
 from compiler.search.transfer import NOTHING_TO_LEARN, ModelCache, featurize_records
@@ -109,12 +109,8 @@ def gpu_programs(task: Task, n: int, seed: int = 0) -> list[tuple]:
     return programs
 
 
-def _tuples(v):
-    return tuple(_tuples(x) for x in v) if isinstance(v, list | tuple) else v
-
-
 def record(task: Task, steps: tuple, host: measuring.MeasuringHost, seconds: float) -> TuningRecord:
-    return TuningRecord(task.key, CUDA, host.fingerprint, tuple(_tuples(s.record()) for s in steps), (seconds,))
+    return TuningRecord(task.key, CUDA, host.fingerprint, tuple(as_tuples(s.record()) for s in steps), (seconds,))
 
 
 # ---------------------------------------------------------------------------------------------- host classes
@@ -330,7 +326,7 @@ def test_a_cuda_batch_reaches_its_gpus_queue_and_its_records_name_the_gpu(tmp_pa
     )
     task = matmul_task()
     programs = gpu_programs(task, 3)
-    recorded = {json.dumps(_tuples([s.record() for s in p])): 1e-5 * (i + 2) for i, p in enumerate(programs)}
+    recorded = {json.dumps(as_tuples([s.record() for s in p])): 1e-5 * (i + 2) for i, p in enumerate(programs)}
 
     class RecordedBuilder:
         def build(self, inputs):
@@ -338,8 +334,8 @@ def test_a_cuda_batch_reaches_its_gpus_queue_and_its_records_name_the_gpu(tmp_pa
 
     class RecordedRunner:
         def run(self, inputs, builds):
-            return [MeasureResult((recorded[json.dumps(_tuples([s.record() for s in i.steps]))],), None, "", 0.01, 0.02)
-                    for i in inputs]  # fmt: skip
+            keys = [json.dumps(as_tuples([s.record() for s in i.steps])) for i in inputs]
+            return [MeasureResult((recorded[k],), None, "", 0.01, 0.02) for k in keys]
 
     monkeypatch.setattr(worker, "settings", settings)
     monkeypatch.setattr(measuring, "_current", H200)
@@ -405,7 +401,7 @@ class RecordedRunner:
 
 
 def recorded_time(steps) -> float:
-    digest = hashlib.sha256(json.dumps(_tuples([s.record() for s in steps])).encode()).digest()
+    digest = hashlib.sha256(json.dumps(as_tuples([s.record() for s in steps])).encode()).digest()
     return 1e-5 * (1 + int.from_bytes(digest[:2]) / 65536)
 
 
@@ -521,7 +517,7 @@ def test_records_of_another_gpu_of_the_arch_stand_in_at_compile_but_never_for_a_
     steps = tuple(backend_for(cpu).default_schedule(task.dag, cpu).steps)
     db.commit(
         TuningRecord(
-            task.key, target_name(cpu), other_cpu.fingerprint(), tuple(_tuples(s.record()) for s in steps), (1.0,)
+            task.key, target_name(cpu), other_cpu.fingerprint(), tuple(as_tuples(s.record()) for s in steps), (1.0,)
         )
     )
     assert best_replaying(task, db, cpu, others=True) is None  # a CPU's records are its own host class's alone

@@ -7,7 +7,9 @@ import math
 
 from compiler.artifact import in_model
 from compiler.artifact.in_model import ModelTiming, time_in_model
+from compiler.costs.records import IN_MODEL, as_tuples, read_records
 from compiler.model.onnx_import import load
+from compiler.targets import backend_for, host_target
 from compiler.tensor.tasks import kernel_calls, plan_tasks
 from tilefarm.cli import main
 from tilefarm.examples import tiny_cnn
@@ -21,6 +23,11 @@ def test_every_task_of_the_plan_is_timed_inside_the_run():
     assert timing.calls == {t.key: sum(c.task.key == t.key for c in kernel_calls(calls)) for t in tasks}
     assert timing.run_s > 0 and all(s > 0 for s in timing.per_call.values())
     assert abs(timing.overhead_s) < timing.run_s
+    # and the program each task's calls ran (untuned: its default schedule), as a record would hold it
+    host = host_target()
+    assert timing.programs == {
+        t.key: as_tuples([s.record() for s in backend_for(host).default_schedule(t.dag, host).steps]) for t in tasks
+    }
 
 
 def test_a_timing_of_rounds_keeps_the_fastest_and_collects_no_garbage_meanwhile(monkeypatch):
@@ -53,7 +60,10 @@ def test_tune_times_the_compiled_model_and_its_estimate_follows_the_run(tmp_path
     assert main([*tune, "--trials", "12", "--retime-best", "0"]) == 0
     out = capsys.readouterr().out
     timed = [line for line in out.splitlines() if line.startswith("the compiled model timed after 12 trials: run ")]
-    assert len(timed) == 1 and "model_timing" in out
+    assert len(timed) == 1 and "model_timing" in out and "; untuned " in timed[0]
+    # the final check judged each task's tuned program and default schedule in the run: in-model records
+    judged = [r for r in read_records(records) if r.cache == IN_MODEL]
+    assert judged and {r.workload_key for r in judged} == {t.key for t in plan_tasks(load(tiny_cnn()))[0]}
     estimate = float(out.split("estimated end-to-end latency: ")[1].split(" ms")[0])
     run = float(timed[0].split("run ")[1].split(" ms")[0])
     assert math.isclose(estimate, run, rel_tol=0.05)  # calibrated on that very timing

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler.artifact.in_model import ModelTiming
 from compiler.costs.cost_model import RandomModel, XGBModel
 from compiler.costs.measure import (
     BUILD_TIMEOUT,
@@ -22,7 +23,16 @@ from compiler.costs.measure import (
     MeasureInput,
     MeasureResult,
 )
-from compiler.costs.records import COLD_WEIGHTS, WARM, JSONLinesDatabase
+from compiler.costs.records import (
+    COLD_WEIGHTS,
+    IN_MODEL,
+    WARM,
+    JSONLinesDatabase,
+    as_tuples,
+    best_replaying,
+    judged_in_model,
+    target_name,
+)
 from compiler.schedule.lower import lower
 from compiler.schedule.state import apply_steps, program_key, step_from_record
 from compiler.search.evolution import SearchParams
@@ -622,7 +632,7 @@ def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
 
     class Timing:
         run_s, per_call, calls = 5e-3, {tasks[0].key: 3e-3, tasks[1].key: 0.5e-3}, {tasks[0].key: 1, tasks[1].key: 2}
-        overhead_s = 1e-3
+        overhead_s, programs = 1e-3, {}
 
     def timer(rounds):
         timings.append(rounds)
@@ -651,28 +661,70 @@ def test_the_estimate_follows_the_model_timed_in_its_run(tmp_path):
     assert with_factor == pytest.approx(3 * sched._gradient(0))
 
 
-def test_the_final_model_timing_takes_several_rounds(tmp_path):
-    # the estimate ends on the last timing: after the end-of-tuning re-timings the model is timed once more, the
-    # fastest of FINAL_TIMING_ROUNDS rounds (one round at 2 threads can land on a moment another process woke)
-    tasks = _two_tasks()
-    asked = []
+def _judging_scheduler(tmp_path, untuned_per_call: dict[int, float]):
+    """Two tasks tuned with a model timer whose tuned model runs each call at the kernel's own latency and whose
+    untuned model (every default schedule) at `untuned_per_call` (by task index); what the timer was asked, in
+    order, as (rounds, untuned)."""
+    tasks, asked = _two_tasks(), []
+    db = JSONLinesDatabase(tmp_path / "r.jsonl")
+    host, target = host_target(), target_name(host_target())
 
-    class Timing:
-        run_s, per_call, calls = 2e-3, {tasks[0].key: 1e-3, tasks[1].key: 0.5e-3}, {tasks[0].key: 1, tasks[1].key: 2}
-        overhead_s = 0.0
+    def timing(per_call: dict[str, float], programs: dict[str, tuple]):
+        calls = {tasks[0].key: 1, tasks[1].key: 2}
+        run = sum(calls[k] * s for k, s in per_call.items())
+        return ModelTiming(run, per_call, calls, programs)
 
-    def timer(rounds):
-        asked.append(rounds)
-        return Timing()
+    def timer(rounds, untuned=False):
+        asked.append((rounds, untuned))
+        if untuned:
+            programs = {t.key: as_tuples([st.record() for st in default_schedule(t.dag, host).steps]) for t in tasks}
+            return timing({t.key: untuned_per_call[i] for i, t in enumerate(tasks)}, programs)
+        best = {t.key: judged_in_model(t, db, host, best_replaying(t, db, host)) for t in tasks}
+        return timing({k: found[0].mean_cost for k, found in best.items()}, {k: f[0].steps for k, f in best.items()})
 
-    options = TuneOptions(trials=32, measures_per_round=8, params=PARAMS, seed=0, retime_best=1)
+    options = TuneOptions(trials=32, measures_per_round=8, params=PARAMS, seed=0, retime_best=1, measure_default=False)
     sched = TaskScheduler(
-        tasks, JSONLinesDatabase(tmp_path / "r.jsonl"), options, model=RandomModel(0), builder=InstantBuilder(),
+        tasks, db, options, model=RandomModel(0), builder=InstantBuilder(),
         runner=PerTaskRunner({(N, N): 1e-3, (8, 8): 0.5e-3}), model_timer=timer,
     )  # fmt: skip
     sched.run()
-    assert asked[-1] == FINAL_TIMING_ROUNDS > 1 and set(asked[:-1]) == {1}
-    assert sched.model_checks[-1].note == "final"
+    return sched, tasks, db, asked, target
+
+
+def test_the_final_check_times_the_model_tuned_and_untuned_and_keeps_the_faster_program_in_the_run(tmp_path):
+    # matmul64's default runs its calls at 0.8 ms in the untuned model, faster than the tuned program's 1 ms there;
+    # matmul8's default at 0.9 ms, slower than its tuned 0.5 ms. Each program's in-run time becomes an in-model
+    # record, and compile then takes matmul64's default and matmul8's tuned program
+    sched, tasks, db, asked, target = _judging_scheduler(tmp_path, {0: 0.8e-3, 1: 0.9e-3})
+    host = host_target()
+    # the final check: tuned and untuned, FINAL_TIMING_ROUNDS rounds each, and the tuned model again since a default won
+    assert asked[-3:] == [(FINAL_TIMING_ROUNDS, False), (FINAL_TIMING_ROUNDS, True), (FINAL_TIMING_ROUNDS, False)]
+    assert FINAL_TIMING_ROUNDS > 1 and set(asked[:-3]) == {(1, False)}
+    for t, default_cost, tuned_cost in ((tasks[0], 0.8e-3, 1e-3), (tasks[1], 0.9e-3, 0.5e-3)):
+        judged = db.best(t.key, target, host.fingerprint(), k=5, cache=IN_MODEL)
+        assert sorted(r.mean_cost for r in judged) == sorted([default_cost, tuned_cost])
+    default64 = as_tuples([st.record() for st in default_schedule(tasks[0].dag, host).steps])
+    chosen = {t.key: judged_in_model(t, db, host, best_replaying(t, db, host))[0] for t in tasks}
+    assert chosen[tasks[0].key].steps == default64 and chosen[tasks[0].key].cache == IN_MODEL
+    assert chosen[tasks[1].key].mean_cost == 0.5e-3
+    # the check ends on the model as compile now builds it: 0.8 + 2 x 0.5 ms; the untuned model ran 0.8 + 2 x 0.9
+    last = sched.model_checks[-1]
+    assert last.note == "final" and last.run_s == pytest.approx(1.8e-3) and last.untuned_s == pytest.approx(2.6e-3)
+    assert sched.estimated_latency == pytest.approx(1.8e-3)
+    assert "run 1.800 ms; untuned 2.600 ms" in sched.table()
+    # a program that turns out faster later (timed again, or found by a resumed tuning) was not judged in the run: it
+    # stands
+    judged_steps = {r.steps for r in db.best(tasks[1].key, target, host.fingerprint(), k=5, cache=IN_MODEL)}
+    other = next(
+        r for r in db.best(tasks[1].key, target, host.fingerprint(), k=50, cache=WARM) if r.steps not in judged_steps
+    )
+    assert db.remeasured(replace(other, costs=(0.1e-3,)))
+    assert judged_in_model(tasks[1], db, host, best_replaying(tasks[1], db, host))[0].steps == other.steps
+
+
+def test_a_final_check_where_the_tuned_programs_win_times_the_model_once(tmp_path):
+    _, _, _, asked, _ = _judging_scheduler(tmp_path, {0: 2e-3, 1: 0.9e-3})
+    assert asked[-2:] == [(FINAL_TIMING_ROUNDS, False), (FINAL_TIMING_ROUNDS, True)]
 
 
 def test_a_model_timer_that_fails_leaves_the_kernels_estimate(tmp_path):

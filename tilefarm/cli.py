@@ -420,7 +420,12 @@ def _model_timer(graph, db, target, args: argparse.Namespace):
     from compiler.artifact.in_model import time_in_model
 
     disabled = tuple(args.disable_pass or ())
-    return lambda rounds: time_in_model(graph, db, target, args.threads, disabled_passes=disabled, rounds=rounds)
+
+    def timer(rounds: int, untuned: bool = False):
+        records = None if untuned else db
+        return time_in_model(graph, records, target, args.threads, disabled_passes=disabled, rounds=rounds)
+
+    return timer
 
 
 def _take_prior(db, args: argparse.Namespace, where: str) -> None:

@@ -18,7 +18,14 @@ import numpy as np
 from compiler.artifact.entry import constants, entry_source, kernel_name, plan_layout
 from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
-from compiler.costs.records import CACHE_CONDITIONS, Database, best_replaying, cache_preference, target_name
+from compiler.costs.records import (
+    KERNEL_CONDITIONS,
+    Database,
+    best_replaying,
+    cache_preference,
+    judged_in_model,
+    target_name,
+)
 from compiler.model.graph import Graph, Value
 from compiler.model.optimize import check_disabled
 from compiler.schedule.lower import lower
@@ -79,13 +86,16 @@ int tilefarm_run(void* const* inputs, void* const* outputs, void* workspace);
 
 
 def schedule_tasks(
-    tasks: list[Task], database: Database | None, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS
+    tasks: list[Task], database: Database | None, target: Target, prefer: Sequence[str] = KERNEL_CONDITIONS
 ) -> tuple[list, dict[str, dict]]:
-    """The best record per task when the database has one that replays (best_replaying), else the default
-    schedule; returns the States and, per task key, the record used."""
+    """The best record per task when the database has one that replays (best_replaying; where the tuner timed it
+    inside the model beside the default schedule, the faster of those in the run: judged_in_model), else the
+    default schedule; returns the States and, per task key, the record used."""
     states, used = [], {}
     for t in tasks:
-        found = best_replaying(t, database, target, prefer, others=True) if database is not None else None
+        found = None
+        if database is not None:
+            found = judged_in_model(t, database, target, best_replaying(t, database, target, prefer, others=True))
         if found is None:
             states.append(backend_for(target).default_schedule(t.dag, target))
             continue
@@ -108,7 +118,7 @@ def choose_forms(
     calls: list[Step],
     database: Database,
     target: Target,
-    prefer: Sequence[str] = CACHE_CONDITIONS,
+    prefer: Sequence[str] = KERNEL_CONDITIONS,
     disabled_passes: Collection[str] = (),
 ) -> dict[str, int]:
     """The convs of the plan (`tasks`, `calls` from plan_tasks) to compile in their other form
@@ -215,8 +225,16 @@ def build(
             "disabled_passes": list(disabled_passes),
             "conv_forms": forms,
             "tasks": [
-                {"key": t.key, "name": t.name, "weight": t.weight, "flops": t.flop_count, "record": t.key in used}
-                for t in tasks
+                {
+                    "key": t.key,
+                    "name": t.name,
+                    "weight": t.weight,
+                    "flops": t.flop_count,
+                    "record": t.key in used,
+                    # the program the kernel runs (the record's, or the default schedule's), as records hold steps
+                    "steps": [step.record() for step in st.steps],
+                }
+                for t, st in zip(tasks, states)
             ],
             "records": list(used.values()),
             "calls": [

@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from compiler.artifact.build import build
 from compiler.artifact.runtime import Artifact
 from compiler.base.target import Target
-from compiler.costs.records import Database
+from compiler.costs.records import Database, as_tuples
 from compiler.model.graph import Graph
 
 REPEAT = 10  # runs of the plan each call is timed in (medians)
@@ -42,11 +42,12 @@ ROUND_GAP_S = 1.0  # seconds between rounds of one timing (`rounds`): the fastes
 @dataclass(frozen=True)
 class ModelTiming:
     """A compiled model's run (median seconds) and, per task key, the median seconds of one call inside runs of the
-    plan (the mean over the task's calls where it has several)."""
+    plan (the mean over the task's calls where it has several), and the program those calls ran."""
 
     run_s: float
     per_call: dict[str, float]
     calls: dict[str, int]
+    programs: dict[str, tuple] = field(default_factory=dict)  # task key -> the steps of the program its calls ran
 
     @property
     def overhead_s(self) -> float:
@@ -91,7 +92,8 @@ def time_in_model(
         finally:
             if threads:
                 _restore("TILEFARM_NUM_THREADS", before)
-    return min(timings, key=lambda t: t.run_s)
+    programs = {t["key"]: as_tuples(t["steps"]) for t in art.meta["tasks"] if "steps" in t}
+    return replace(min(timings, key=lambda t: t.run_s), programs=programs)
 
 
 def _time_round(art: Artifact, feeds: dict[str, np.ndarray], repeat: int) -> ModelTiming:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from compiler.base.target import Target
-from compiler.costs.records import WARM, TuningRecord, target_name
+from compiler.costs.records import WARM, TuningRecord, as_tuples, target_name
 from compiler.schedule.state import Step
 from compiler.tensor.tasks import Task
 
@@ -101,7 +101,7 @@ def to_record(inp: MeasureInput, res: MeasureResult, target: Target) -> TuningRe
         workload_key=inp.task.key,
         target=target_name(target),
         host=target.fingerprint(),
-        steps=tuple(_tuples(s.record()) for s in inp.steps),  # tuples, as TuningRecord.from_json reads them
+        steps=tuple(as_tuples(s.record()) for s in inp.steps),  # tuples, as TuningRecord.from_json reads them
         costs=tuple(res.costs),
         error=res.error,
         error_message=res.message,
@@ -109,9 +109,3 @@ def to_record(inp: MeasureInput, res: MeasureResult, target: Target) -> TuningRe
         trace=inp.trace,
         cache=res.cache,
     )
-
-
-def _tuples(v):
-    return tuple(_tuples(x) for x in v) if isinstance(v, list | tuple) else v
-
-

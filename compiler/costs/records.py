@@ -24,9 +24,12 @@ VERSION = "0.1.0"
 # The cache condition a record's timings were taken in (the runners, e.g. LocalRunner): "warm", every input in cache
 # from the call before; "cold-weights", the model's constants flushed before each call, as a run of a model whose
 # weights exceed the last-level cache meets them; "flushed", every cache overwritten before each call. The same
-# schedule times differently in each, so records are compared only within one condition.
-WARM, COLD_WEIGHTS, FLUSHED = "warm", "cold-weights", "flushed"
-CACHE_CONDITIONS = (WARM, COLD_WEIGHTS, FLUSHED)
+# schedule times differently in each, so records are compared only within one condition. "in-model": the program's
+# time per call inside runs of the whole compiled model (compiler.artifact.in_model), where the tuner's final check
+# timed the programs compile would take, tuned and default (`judged_in_model`).
+WARM, COLD_WEIGHTS, FLUSHED, IN_MODEL = "warm", "cold-weights", "flushed", "in-model"
+KERNEL_CONDITIONS = (WARM, COLD_WEIGHTS, FLUSHED)  # those of a kernel timed alone, which compile chooses among
+CACHE_CONDITIONS = (*KERNEL_CONDITIONS, IN_MODEL)
 
 
 def cache_condition(cache_flush: bool, cold_constants: bool) -> str:
@@ -87,7 +90,7 @@ class TuningRecord:
                 d["workload_key"],
                 d["target"],
                 d["host"],
-                _tuple(d["steps"]),
+                as_tuples(d["steps"]),
                 tuple(float(c) for c in d["costs"]),
                 d.get("error"),
                 d.get("error_message", ""),
@@ -100,8 +103,9 @@ class TuningRecord:
             raise RecordError(f"not a tuning record: {type(e).__name__}: {e}: {line[:120]!r}") from None
 
 
-def _tuple(v):
-    return tuple(_tuple(x) for x in v) if isinstance(v, list) else v
+def as_tuples(v):
+    """Step records (JSON lists, or a State's step.record() lists) as the nested tuples records hold."""
+    return tuple(as_tuples(x) for x in v) if isinstance(v, list | tuple) else v
 
 
 def read_records(path: str | Path) -> Iterator[TuningRecord]:
@@ -300,11 +304,11 @@ def cache_preference(weights_bytes: int, target: Target) -> tuple[str, ...]:
     (`tasks.constant_bytes`), in order: first the one a run of the model meets (its weights cold when they exceed the
     last-level cache, warm otherwise), then the others."""
     first = COLD_WEIGHTS if weights_exceed_cache(weights_bytes, target.l3_bytes) else WARM
-    return (first, *(c for c in CACHE_CONDITIONS if c != first))
+    return (first, *(c for c in KERNEL_CONDITIONS if c != first))
 
 
 def best_replaying(
-    task: Task, database: Database, target: Target, prefer: Sequence[str] = CACHE_CONDITIONS, *, others: bool = False
+    task: Task, database: Database, target: Target, prefer: Sequence[str] = KERNEL_CONDITIONS, *, others: bool = False
 ) -> tuple[TuningRecord, State] | None:
     """The fastest record of the task measured on this host class that replays, taken from the first cache
     condition in `prefer` that has one: timings of different conditions are never compared with each other.
@@ -326,6 +330,20 @@ def best_replaying(
             if replayed is not None:
                 return replayed
     return None
+
+
+def judged_in_model(
+    task: Task, database: Database, target: Target, found: tuple[TuningRecord, State] | None
+) -> tuple[TuningRecord, State] | None:
+    """What compile runs for `task` given `found`, the fastest record of a kernel timing (best_replaying): where the
+    tuner's final check timed that program inside the model's run beside others (IN_MODEL records: the tuned program
+    and the default schedule's), the fastest of those in the run. A tuned kernel can be faster alone and slower in
+    the run (the cache state its neighbours leave); then the model keeps the default's program. A program found
+    after the check (a resumed tuning) was not judged, so it stands."""
+    judged = database.best(task.key, target_name(target), target.fingerprint(), k=REPLAY_CANDIDATES, cache=IN_MODEL)
+    if not judged or (found is not None and all(r.steps != found[0].steps for r in judged)):
+        return found
+    return first_replaying(task, judged) or found
 
 
 # Target kinds whose records stand in for another host class's when a host class has none: code for a GPU is built

@@ -29,7 +29,16 @@ from compiler.base.errors import TilefarmError
 from compiler.base.target import Target
 from compiler.costs.cost_model import CostModel, XGBModel
 from compiler.costs.measure import PROGRAM_FAULTS, Builder, MeasureInput, MeasureResult, Runner, to_record
-from compiler.costs.records import CACHE_CONDITIONS, Database, TuningRecord, best_replaying, target_name, training_group
+from compiler.costs.records import (
+    IN_MODEL,
+    KERNEL_CONDITIONS,
+    Database,
+    TuningRecord,
+    best_replaying,
+    judged_in_model,
+    target_name,
+    training_group,
+)
 from compiler.schedule.state import apply_steps, program_key, step_from_record
 from compiler.search.budget import first_round_size
 from compiler.search.evolution import Candidate, SearchParams, SearchPolicy
@@ -188,12 +197,13 @@ class TaskScheduler:
         target: Target | None = None,
         callback: Callable[[TaskScheduler], None] | None = None,
         choices: Sequence[FormChoice] = (),
-        model_timer: Callable[[int], InModelTiming] | None = None,
+        model_timer: Callable[..., InModelTiming] | None = None,
     ):
         """`tasks`: a model's tasks (plan_tasks), and the tasks of its convs' other forms (form_choices, weight 0);
         `choices`: those convs, each counted in the objective as the faster of its forms; `model_timer`: times the
         model compiled with the records so far (TuneOptions.model_timing_every), the fastest of as many rounds as it
-        is given."""
+        is given (`model_timer(rounds)`), or with no records (`model_timer(rounds, untuned=True)`: the final check's
+        untuned model)."""
         refuse_unguarded_main()
         self.options = options or TuneOptions()
         self.target = target or host_target()
@@ -354,12 +364,49 @@ class TaskScheduler:
             return
         finally:
             self.stats.model_timing_s += time.perf_counter() - t
+        untuned_s, note = math.nan, "final" if final else ""
+        if final:
+            t = time.perf_counter()
+            try:
+                timing, untuned_s = self._judge_in_model(timing)
+            except Exception as e:  # noqa: BLE001 - the tuned programs stand; the check says why none was judged
+                note = f"final; the untuned model was not timed: {type(e).__name__}: {e}"
+            finally:
+                self.stats.model_timing_s += time.perf_counter() - t
         for i, p in enumerate(self.progress):
             per_call = timing.per_call.get(p.task.key)
             if per_call is not None and p.best > 0:
                 self._factor[i] = per_call / p.best
         self._overhead = timing.overhead_s
-        self.model_checks.append(ModelCheck(self.stats.trials, alone, before, timing.run_s, "final" if final else ""))
+        self.model_checks.append(ModelCheck(self.stats.trials, alone, before, timing.run_s, note, untuned_s))
+
+    def _judge_in_model(self, tuned: InModelTiming) -> tuple[InModelTiming, float]:
+        """The final check's verdict between each task's tuned program and its default schedule, in the model's run:
+        the untuned model (every task's default) is timed as the tuned one was, and each program's time per call in
+        its run is stored as an IN_MODEL record. Compile then takes, per task, the faster in the run
+        (records.judged_in_model), so a kernel that won alone and loses in the run (the cache state its neighbours
+        leave, another thread count's balance) does not make the model slower tuned than untuned. Where a default
+        won, the model is timed again as compile now builds it. Returns that timing and the untuned run's."""
+        assert self.model_timer is not None
+        untuned = self.model_timer(FINAL_TIMING_ROUNDS, untuned=True)
+        target, host = target_name(self.target), self.target.fingerprint()
+        for timing in (tuned, untuned):
+            for key, per_call in timing.per_call.items():
+                steps = timing.programs.get(key)
+                if steps is None:
+                    continue
+                rec = TuningRecord(key, target, host, steps, (per_call,), cache=IN_MODEL)
+                if not self.database.commit(rec):
+                    self.database.remeasured(rec)
+        keys = {p.task.key for p in self.progress}
+        defaults_won = [
+            k
+            for k, s in untuned.per_call.items()
+            if k in keys and s < tuned.per_call.get(k, 0.0) and untuned.programs.get(k) != tuned.programs.get(k)
+        ]
+        if defaults_won:
+            tuned = self.model_timer(FINAL_TIMING_ROUNDS)
+        return tuned, untuned.run_s
 
     def _step(self, p: TaskProgress) -> float:
         """The task's expected latency change in one more round (Ansor's backward and forward estimates)."""
@@ -702,6 +749,7 @@ class InModelTiming(Protocol):
 
     run_s: float
     per_call: dict[str, float]  # task key -> seconds of one call inside the run
+    programs: dict[str, tuple]  # task key -> the steps of the program its calls ran
 
     @property
     def overhead_s(self) -> float: ...
@@ -717,15 +765,20 @@ class ModelCheck:
     estimate_s: float
     run_s: float
     note: str = ""
+    untuned_s: float = math.nan  # the final check's: the model with every task's default schedule
 
     def describe(self) -> str:
         if not math.isfinite(self.run_s):
             return f"model timing after {self.trials} trials failed: {self.note}"
         off = (self.estimate_s / self.run_s - 1) * 100
+        final = self.note.startswith("final")
+        untuned = f"; untuned {self.untuned_s * 1e3:.3f} ms" if math.isfinite(self.untuned_s) else ""
+        why = self.note.removeprefix("final").removeprefix("; ") if final else self.note
         return (
-            f"{'the compiled model' if self.note == 'final' else 'model'} timed after {self.trials} trials: "
-            f"run {self.run_s * 1e3:.3f} ms; estimate before it {self.estimate_s * 1e3:.3f} ms ({off:+.1f}%), from "
-            f"the kernels alone {self.kernels_s * 1e3:.3f} ms ({(self.kernels_s / self.run_s - 1) * 100:+.1f}%)"
+            f"{'the compiled model' if final else 'model'} timed after {self.trials} trials: "
+            f"run {self.run_s * 1e3:.3f} ms{untuned}; estimate before it {self.estimate_s * 1e3:.3f} ms ({off:+.1f}%), "
+            f"from the kernels alone {self.kernels_s * 1e3:.3f} ms ({(self.kernels_s / self.run_s - 1) * 100:+.1f}%)"
+            + (f" ({why})" if why else "")
         )
 
 
@@ -774,7 +827,7 @@ def coverage(
     database: Database,
     target: Target | None = None,
     trials_per_task: int = TRIALS_PER_TASK,
-    prefer: Sequence[str] = CACHE_CONDITIONS,
+    prefer: Sequence[str] = KERNEL_CONDITIONS,
 ) -> list[TaskCoverage]:
     """Per task, the database's records valid here: error-free, for this target and measured on a host with this
     fingerprint (timings from another machine class do not count), in any cache condition; the record compile would
@@ -783,8 +836,9 @@ def coverage(
     target = target or host_target()
     out = []
     for t in tasks:
-        found = database.best(t.key, target_name(target), target.fingerprint(), k=trials_per_task)
-        best = best_replaying(t, database, target, prefer)
+        stored = database.best(t.key, target_name(target), target.fingerprint(), k=trials_per_task)
+        found = [r for r in stored if r.cache != IN_MODEL]  # an in-model record times a measured program again
+        best = judged_in_model(t, database, target, best_replaying(t, database, target, prefer))
         out.append(TaskCoverage(t, len(found), best[0] if best else None, max(0, trials_per_task - len(found))))
     return out
 
