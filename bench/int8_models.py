@@ -42,7 +42,16 @@ import numpy as np
 import onnx
 
 from bench.kernels import interleaved
-from bench.models import StageFailed, _child_env, _stage, batch1_inputs, ort_session, records_path, tune_graph
+from bench.models import (
+    StageFailed,
+    _child_env,
+    _stage,
+    batch1_inputs,
+    ort_session,
+    records_path,
+    result_row,
+    tune_graph,
+)
 from tilefarm.examples import EXAMPLES
 
 ROUTE = ("pack_integer_matmuls", "pack_integer_convs")
@@ -209,15 +218,7 @@ def run_tuned(name: str, threads: list[int], args: argparse.Namespace, rows: lis
         est_ms = sched.estimated_latency * 1e3 if math.isfinite(sched.estimated_latency) else None
         for system, t in ms.items():
             tuned = system == "tilefarm-int8-tuned"
-            row = {
-                "model": name,
-                "system": system,
-                "threads": n,
-                "trials": sched.stats.trials if tuned else None,
-                "tuning_s": round(sched.stats.wall_s, 1) if tuned else None,
-                "median_ms": round(t, 4),
-                "estimate_ms": round(est_ms, 4) if tuned and est_ms is not None else None,
-            }
+            row = result_row(name, system, n, t, sched if tuned else None, est_ms)
             rows.append(row | timed["agreement"].get(system, {}))
         ort_ms, untuned, tuned_ms = ms["onnxruntime-int8"], ms["tilefarm-int8-untuned"], ms["tilefarm-int8-tuned"]
         (fp32_system,) = (k for k in ms if k.startswith("tilefarm-fp32"))

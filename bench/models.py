@@ -229,6 +229,19 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
+def result_row(name: str, system: str, threads: int, median_ms: float, sched=None, est_ms: float | None = None) -> dict:
+    """One JSON row: the tuning's trials, seconds and estimate where `sched` (the tuned system's scheduler) is given."""
+    return {
+        "model": name,
+        "system": system,
+        "threads": threads,
+        "trials": sched.stats.trials if sched else None,
+        "tuning_s": round(sched.stats.wall_s, 1) if sched else None,
+        "median_ms": round(median_ms, 4),
+        "estimate_ms": round(est_ms, 4) if sched and est_ms is not None else None,
+    }
+
+
 def run_tuned(name: str, threads: list[int], args: argparse.Namespace, rows: list[dict]) -> None:
     from bench.timing import json_from_process
 
@@ -243,15 +256,7 @@ def run_tuned(name: str, threads: list[int], args: argparse.Namespace, rows: lis
         est_ms = sched.estimated_latency * 1e3 if math.isfinite(sched.estimated_latency) else None
         for system in ("onnxruntime", "tilefarm-untuned", "tilefarm-tuned"):
             tuned = system == "tilefarm-tuned"
-            row = {
-                "model": name,
-                "system": system,
-                "threads": n,
-                "trials": sched.stats.trials if tuned else None,
-                "tuning_s": round(sched.stats.wall_s, 1) if tuned else None,
-                "median_ms": round(ms[system], 4),
-                "estimate_ms": round(est_ms, 4) if tuned and est_ms is not None else None,
-            }
+            row = result_row(name, system, n, ms[system], sched if tuned else None, est_ms)
             if system in timed["max_rel_diff"]:
                 row["max_rel_diff"] = timed["max_rel_diff"][system]
             rows.append(row)
