@@ -26,7 +26,7 @@ from server.database import SQLDatabase, this_host
 from tilefarm.cli import main
 
 TARGET = "llvm -mcpu=test"
-TUNE = ["--per-round", "2", "--population", "16", "--threads", "1", "--cost-model", "random"]
+TUNE = ["--per-round", "2", "--population", "16", "--threads", "1", "--cost-model", "random", "--no-model-timing"]
 
 
 def rec(key="w1", host="h1", tile=4, costs=(1.0,), error=None) -> TuningRecord:

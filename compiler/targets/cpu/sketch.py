@@ -476,6 +476,8 @@ class ScoresAtRows(Rule):
 
     def condition(self, p, cores):
         s, name = p.state, _name(p)
+        if not any(r.startswith(f"{AttentionRows.name}(") for r in p.rules):
+            return PASS  # only an attention's: a Winograd conv's GEMM has its readers in one loop too
         if not needs_multi_level_tiling(_op(p)) or name.endswith((".local", ".pack")) or s.dag.is_output(name):
             return PASS
         return APPLY_AND_SKIP if _rows_attach(s, name) is not None else PASS
